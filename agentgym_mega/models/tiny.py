@@ -83,12 +83,20 @@ def environment_corpus() -> list[str]:
 
 
 def train_tokenizer(vocab: int, corpus: list[str]):
-    """Byte-level BPE (GPT-2/Qwen style) with the chat special tokens, as a PreTrainedTokenizerFast."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """Byte-level BPE with Qwen2's pre-tokenizer and the chat special tokens.
+
+    transformers loads any `qwen2` model's tokenizer as Qwen2Tokenizer, which imposes Qwen2's
+    split regex; training with that same regex keeps training and use identical (Llama models
+    load tokenizer.json as written, so the same tokenizer serves both)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab,

@@ -1,0 +1,42 @@
+"""Every subcommand explains itself; bad arguments exit 2 with argparse's message."""
+
+import pytest
+
+from agentgym_mega.cli import build_parser
+from tests.conftest import run_cli
+
+SUBCOMMANDS = ["config", "make-tiny-model", "doctor"]
+
+
+def test_top_level_help_lists_every_subcommand():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for name in SUBCOMMANDS:
+        assert name in result.stdout
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_subcommand_help_describes_it(name):
+    result = run_cli(name, "--help")
+    assert result.returncode == 0
+    assert len(result.stdout.splitlines()) > 6  # a description, not just usage
+
+
+def test_parser_registers_exactly_the_documented_subcommands():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert sorted(sub.choices) == sorted(SUBCOMMANDS)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["doctor", "--checks", "megatron,gpu"], "unknown check"),
+    (["doctor", "--layouts", "tp2,xx3"], "expected tpN, ppN or dpN"),
+    (["nonsense"], "invalid choice"),
+])
+def test_bad_arguments_exit_2(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_layouts_parse_to_tp_pp_world():
+    args = build_parser().parse_args(["doctor", "--layouts", "tp2,pp2,dp4"])
+    assert args.layouts == [(2, 1, 2), (1, 2, 2), (1, 1, 4)]
