@@ -1,0 +1,69 @@
+"""Advantage estimators. Observation tokens (mask 0) are skipped: each assistant token's
+successor is the next assistant token, so environment text never enters the credit chain."""
+
+from __future__ import annotations
+
+import torch
+
+from agentgym_mega.algorithms.losses import masked_whiten
+
+
+def _discounted_over_mask(deltas, mask, discount):
+    """out[t] = deltas[t] + discount * out[next masked-in t'], walking right to left and
+    leaving masked-out positions at 0 without breaking the chain."""
+    out = torch.zeros_like(deltas)
+    running = torch.zeros_like(deltas[:, 0])
+    for t in reversed(range(deltas.shape[1])):
+        on = mask[:, t].bool()
+        running = torch.where(on, deltas[:, t] + discount * running, running)
+        out[:, t] = torch.where(on, running, torch.zeros_like(running))
+    return out
+
+
+def gae(rewards, values, mask, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over assistant tokens. Returns (advantages, returns),
+    returns = advantages + values on masked-in tokens, 0 elsewhere."""
+    mask = mask.to(values.dtype)
+    # V of each token's successor: the next masked-in token's value (0 after the last one).
+    next_values = torch.zeros_like(values)
+    following = torch.zeros_like(values[:, 0])
+    for t in reversed(range(values.shape[1])):
+        next_values[:, t] = following
+        following = torch.where(mask[:, t].bool(), values[:, t], following)
+    deltas = rewards + gamma * next_values - values
+    advantages = _discounted_over_mask(deltas, mask, gamma * lam)
+    return advantages, (advantages + values) * mask
+
+
+def reinforce_pp_advantages(rewards, mask, gamma: float, eps: float = 1e-8) -> torch.Tensor:
+    """REINFORCE++: discounted return-to-go over assistant tokens, whitened over the batch."""
+    returns = _discounted_over_mask(rewards, mask, gamma)
+    return masked_whiten(returns, mask, eps)
+
+
+def _group_stats(scores, group_ids):
+    """Per-element group sum, count and unbiased std (0 for groups of one)."""
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    groups = int(inverse.max()) + 1 if len(inverse) else 0
+    count = torch.zeros(groups, dtype=scores.dtype).index_add_(0, inverse, torch.ones_like(scores))
+    total = torch.zeros(groups, dtype=scores.dtype).index_add_(0, inverse, scores)
+    mean = total / count
+    sq = torch.zeros(groups, dtype=scores.dtype).index_add_(0, inverse, (scores - mean[inverse]) ** 2)
+    std = torch.sqrt(sq / (count - 1).clamp_min(1.0))
+    return total[inverse], count[inverse], std[inverse]
+
+
+def grpo_advantages(scores, group_ids, norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: score minus its group's mean, divided by the group's (unbiased) std + eps.
+    A group of one has no baseline and gets advantage 0."""
+    total, count, std = _group_stats(scores, group_ids)
+    centred = scores - total / count
+    advantages = centred / (std + eps) if norm_by_std else centred
+    return torch.where(count > 1, advantages, torch.zeros_like(advantages))
+
+
+def rloo_advantages(scores, group_ids) -> torch.Tensor:
+    """RLOO: score minus the mean of the other samples of its group (0 for a group of one)."""
+    total, count, _ = _group_stats(scores, group_ids)
+    leave_one_out = (total - scores) / (count - 1).clamp_min(1.0)
+    return torch.where(count > 1, scores - leave_one_out, torch.zeros_like(scores))

@@ -1,0 +1,100 @@
+"""Loss terms and the masked reductions they share."""
+
+from __future__ import annotations
+
+import torch
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+    mask = mask.to(x.dtype)
+    if dim is None:
+        return (x * mask).sum() / mask.sum().clamp_min(1.0)
+    return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1.0)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked-in entries; masked-out entries become 0."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    return (x - mean) * torch.rsqrt(var + eps) * mask.to(x.dtype)
+
+
+def aggregate(loss: torch.Tensor, mask: torch.Tensor, agg: str) -> torch.Tensor:
+    """Reduces a [batch, tokens] loss: `token-mean` weighs every token alike,
+    `seq-mean-token-sum` sums each sequence then averages sequences, `seq-mean-token-mean`
+    averages within each sequence first (every sequence weighs the same)."""
+    if agg == "token-mean":
+        return masked_mean(loss, mask)
+    has_tokens = (mask.sum(-1) > 0).to(loss.dtype)
+    if agg == "seq-mean-token-sum":
+        per_seq = (loss * mask.to(loss.dtype)).sum(-1)
+    elif agg == "seq-mean-token-mean":
+        per_seq = masked_mean(loss, mask, dim=-1)
+    else:
+        raise ValueError(f"loss aggregation {agg!r}: allowed {', '.join(AGGREGATIONS)}")
+    return (per_seq * has_tokens).sum() / has_tokens.sum().clamp_min(1.0)
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token KL(pi || pi_ref) estimates from log-probs of the sampled tokens.
+
+    k1: logp - ref_logp (unbiased, high variance); k2: (logp - ref_logp)^2 / 2;
+    k3 / low_var_kl: exp(ref - logp) - (ref - logp) - 1 (unbiased, non-negative), with the
+    log-ratio clamped to [-20, 20] and the result to [-10, 10] for stability."""
+    log_ratio = logp - ref_logp
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio**2
+    if kind in ("k3", "low_var_kl"):
+        neg = torch.clamp(-log_ratio, -20.0, 20.0)
+        return torch.clamp(torch.exp(neg) - neg - 1.0, -10.0, 10.0)
+    raise ValueError(f"kl kind {kind!r}: allowed k1, k2, k3, low_var_kl")
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = 0.2,
+    dual_clip: float | None = None,
+    agg: str = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate (optionally dual-clipped). Returns (loss, clip_fraction), the
+    fraction being the share of masked-in tokens where the clipped branch was taken."""
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+    loss = torch.maximum(unclipped, clipped)
+    clip_fraction = masked_mean((clipped > unclipped).float(), mask)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        # For negative advantages, bound the loss at -A * c so a huge ratio cannot explode it.
+        loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
+    return aggregate(loss, mask, agg), clip_fraction
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = 0.2,
+    agg: str = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss 0.5 * max((v - R)^2, (v_clip - R)^2), v_clip within `clip` of the old
+    value. Returns (loss, clip_fraction)."""
+    clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
+    unclipped = (values - returns) ** 2
+    clipped = (clipped_values - returns) ** 2
+    loss = 0.5 * torch.maximum(unclipped, clipped)
+    return aggregate(loss, mask, agg), masked_mean((clipped > unclipped).float(), mask)
+
+
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean") -> torch.Tensor:
+    """Aggregated per-token entropy; the loss subtracts `entropy_coef` times this."""
+    return aggregate(entropy, mask, agg)
