@@ -1,0 +1,81 @@
+"""The one record that flows from rollout to update: padded token tensors plus episode metadata.
+
+A rollout fills the token fields; the actor adds `old_logprobs`, the reference `ref_logprobs`,
+the critic `values`, the algorithms `advantages` and `returns`. Every stage reads and writes the
+same structure, split and concatenated along the batch dimension for DP and mini-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+EPISODE_STATUSES = ("done", "horizon", "truncated", "env_error")
+
+
+@dataclasses.dataclass
+class Episode:
+    task_id: int
+    category: str
+    group_id: int
+    score: float
+    turns: int
+    status: str  # one of EPISODE_STATUSES
+    response_tokens: int  # tokens the policy generated (the loss-masked ones)
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class TrajectoryBatch:
+    input_ids: torch.Tensor  # [B, T] long, right-padded
+    attention_mask: torch.Tensor  # [B, T] 1 on real tokens
+    loss_mask: torch.Tensor  # [B, T] 1 on sampled assistant tokens and their end-of-turn token
+    rollout_logprobs: torch.Tensor  # [B, T] engine log-probs on loss-masked tokens, 0 elsewhere
+    rewards: torch.Tensor  # [B, T] the episode's score on its last loss-masked token
+    group_ids: torch.Tensor  # [B] same value for samples of the same task
+    scores: torch.Tensor  # [B] episode scores
+    episodes: list[Episode]
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def _tensor_fields(self):
+        return [f.name for f in dataclasses.fields(self) if f.name != "episodes"]
+
+    def select(self, index) -> "TrajectoryBatch":
+        """Rows `index` (a slice, or a list/tensor of row numbers)."""
+        rows = list(range(len(self)))[index] if isinstance(index, slice) else [int(i) for i in index]
+        picked = {name: (t[rows] if t is not None else None)
+                  for name, t in ((n, getattr(self, n)) for n in self._tensor_fields())}
+        return TrajectoryBatch(**picked, episodes=[self.episodes[i] for i in rows])
+
+    def split(self, parts: int) -> list["TrajectoryBatch"]:
+        """`parts` consecutive chunks of equal size (the batch must divide evenly)."""
+        if len(self) % parts:
+            raise ValueError(f"a batch of {len(self)} does not split into {parts} equal parts")
+        size = len(self) // parts
+        return [self.select(slice(i * size, (i + 1) * size)) for i in range(parts)]
+
+    @staticmethod
+    def concat(batches: list["TrajectoryBatch"], pad_id: int = 0) -> "TrajectoryBatch":
+        """Stacks batches along B, right-padding token fields to the longest sequence."""
+        width = max(b.input_ids.shape[1] for b in batches)
+        fields = {}
+        for name in batches[0]._tensor_fields():
+            values = [getattr(b, name) for b in batches]
+            if any(v is None for v in values):
+                if not all(v is None for v in values):
+                    raise ValueError(f"cannot concatenate batches where only some have {name}")
+                fields[name] = None
+                continue
+            if values[0].dim() == 2:
+                fill = pad_id if name == "input_ids" else 0
+                values = [torch.nn.functional.pad(v, (0, width - v.shape[1]), value=fill) for v in values]
+            fields[name] = torch.cat(values)
+        return TrajectoryBatch(**fields, episodes=[e for b in batches for e in b.episodes])
