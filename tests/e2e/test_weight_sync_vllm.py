@@ -132,3 +132,22 @@ def test_sleep_and_wake_are_harmless_on_cpu(engine):
     engine.wake()
     assert engine.health()["sleeping"] is False
     assert len(engine.generate(PROMPTS[:1], GREEDY)[0].token_ids) == GREEDY.max_tokens
+
+
+def test_engine_in_a_ray_actor_takes_updates_and_generates(models):
+    import ray
+
+    from agentgym_mega.rollout.engines.vllm_engine import launch_remote
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = launch_remote(models[0], max_model_len=512)
+        synchronizer = ZmqWeightSynchronizer(bucket_bytes=1 << 16, timeout_s=60)
+        stats = synchronizer.sync(checkpoint(models[2]), [remote], version=9)
+        synchronizer.close()
+        assert stats.receivers == 1 and ray.get(remote.health.remote())["version"] == 9
+        generations = ray.get(remote.generate.remote(PROMPTS, GREEDY))
+        diff = hf_logprobs(models[2], PROMPTS, generations)
+        assert diff.mean() <= TOLERANCE, diff
+    finally:
+        ray.shutdown()

@@ -87,3 +87,12 @@ class VLLMEngine(InferenceEngine):
 
     def health(self) -> dict:
         return {"alive": True, "version": self.version, "sleeping": self.sleeping}
+
+
+def launch_remote(model: str, *, tp: int = 1, **kwargs):
+    """Starts a VLLMEngine in its own Ray actor process (ray.init must have run) and returns
+    the actor handle; on GPU it reserves `tp` GPUs, on CPU one core."""
+    import ray
+
+    resources = {"num_gpus": tp} if platform.has_cuda() else {"num_cpus": 1}
+    return ray.remote(**resources)(VLLMEngine).remote(model, tp=tp, **kwargs)
