@@ -11,6 +11,13 @@ Protocol (trainer = ROUTER, bound; each engine worker = DEALER, connected):
 Frames are sent with ``copy=False`` (zero-copy from the tensor's memory). The receiver stages
 every byte before it hands anything over, so an interrupted stream (timeout, dead peer) leaves
 the engine's weights untouched: an update is all-or-nothing.
+
+CUDA IPC (GPU, engines colocated with the trainer on the same devices): when the sender is
+built with ``cuda_ipc=True`` and every tensor lives on a GPU, no bytes travel. META says so and
+a single HANDLES message carries, per tensor, the pickled CUDA IPC handle from
+``torch.multiprocessing.reductions.reduce_tensor``; the engine maps the trainer's memory with it
+and its loader copies from there. The trainer keeps the tensors alive until every ACK arrived.
+Handles are pickles: use this only on ipc:// endpoints of one node, which is where it applies.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import tempfile
 import time
 import uuid
@@ -68,8 +76,10 @@ def _send_json(sock, identity: bytes, op: str, **payload) -> None:
 class ZmqWeightSender:
     """Trainer side: binds `address` and streams a version of the weights to every engine."""
 
-    def __init__(self, address: str | None = None, bucket_bytes: int = 256 << 20, timeout_s: float = 120.0):
+    def __init__(self, address: str | None = None, bucket_bytes: int = 256 << 20, timeout_s: float = 120.0,
+                 cuda_ipc: bool = False):
         self.bucket_bytes = bucket_bytes
+        self.cuda_ipc = cuda_ipc
         self.timeout_ms = int(timeout_s * 1000)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -101,18 +111,26 @@ class ZmqWeightSender:
         """Sends every tensor to `receivers` engines and returns once all of them acknowledged.
         `progress(buckets_sent, buckets_total)` is called after each bucket."""
         start = time.perf_counter()
-        tensors = [(name, _as_bytes(t), TensorSpec.of(name, t)) for name, t in named_tensors]
-        specs = [spec for _, _, spec in tensors]
-        buckets = plan_buckets(specs, self.bucket_bytes)
+        named = [(name, t.detach().contiguous()) for name, t in named_tensors]
+        specs = [TensorSpec.of(name, t) for name, t in named]
+        cuda_ipc = self.cuda_ipc and all(t.is_cuda for _, t in named)
+        flat = [] if cuda_ipc else [_as_bytes(t) for _, t in named]
+        buckets = [] if cuda_ipc else plan_buckets(specs, self.bucket_bytes)
         peers = [self._recv("READY")[0] for _ in range(receivers)]
         try:
             for peer in peers:
                 _send_json(self._sock, peer, "META", version=version, buckets=len(buckets),
-                           specs=[dataclasses.astuple(s) for s in specs])
+                           specs=[dataclasses.astuple(s) for s in specs], cuda_ipc=cuda_ipc)
+            if cuda_ipc:
+                from torch.multiprocessing.reductions import reduce_tensor
+
+                handles = pickle.dumps([reduce_tensor(t) for _, t in named])
+                for peer in peers:
+                    self._sock.send_multipart([peer, handles])
             for i, bucket in enumerate(buckets):
                 header = json.dumps({"op": "BUCKET", "bucket": i,
                                      "segments": [dataclasses.astuple(s) for s in bucket]}).encode()
-                frames = [tensors[s.index][1][s.offset : s.offset + s.nbytes].numpy() for s in bucket]
+                frames = [flat[s.index][s.offset : s.offset + s.nbytes].numpy() for s in bucket]
                 for peer in peers:
                     self._sock.send_multipart([peer, header, *frames], copy=False)
                 if progress:
@@ -160,6 +178,10 @@ class ZmqWeightReceiver:
         if meta["op"] != "META":
             raise SyncError(f"expected META from the trainer, got {meta['op']}")
         specs = [TensorSpec(name, dtype, tuple(shape)) for name, dtype, shape in meta["specs"]]
+        if meta.get("cuda_ipc"):
+            tensors = [fn(*args) for fn, args in pickle.loads(self._recv()[0])]
+            self._expect_commit(meta["version"])
+            return meta["version"], [(s.name, t) for s, t in zip(specs, tensors)]
         staged: list[torch.Tensor | None] = [None] * len(specs)
         received = [0] * len(specs)
         keep_alive = []  # frames backing tensors that arrived whole (zero-copy)
@@ -176,9 +198,7 @@ class ZmqWeightReceiver:
                         staged[index] = torch.empty(specs[index].nbytes, dtype=torch.uint8)
                     staged[index][offset : offset + nbytes] = data
                 received[index] += nbytes
-        commit = json.loads(self._recv()[0])
-        if commit["op"] != "COMMIT" or commit["version"] != meta["version"]:
-            raise SyncError(f"stream ended without a commit for version {meta['version']}")
+        self._expect_commit(meta["version"])
         missing = [s.name for s, got in zip(specs, received) if got != s.nbytes]
         if missing:
             raise SyncError(f"version {meta['version']} incomplete: {len(missing)} tensors short, e.g. {missing[0]}")
@@ -188,6 +208,11 @@ class ZmqWeightReceiver:
             tensors.append((spec.name, data.view(to_dtype(spec.dtype)).view(spec.shape)))
         self._keep_alive = keep_alive
         return meta["version"], tensors
+
+    def _expect_commit(self, version: int) -> None:
+        commit = json.loads(self._recv()[0])
+        if commit["op"] != "COMMIT" or commit["version"] != version:
+            raise SyncError(f"stream ended without a commit for version {version}")
 
     def reply(self, version: int, error: str | None = None) -> None:
         body = {"op": "ACK", "version": version} if error is None else {"op": "ERROR", "message": error}
@@ -214,8 +239,8 @@ class ZmqWeightSynchronizer(WeightSynchronizer):
     """Trainer-side sync over ZMQ: one sender socket, every engine worker pulls from it."""
 
     def __init__(self, address: str | None = None, bucket_bytes: int = 256 << 20, timeout_s: float = 120.0,
-                 workers_per_engine: int = 1):
-        self.sender = ZmqWeightSender(address, bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+                 workers_per_engine: int = 1, cuda_ipc: bool = False):
+        self.sender = ZmqWeightSender(address, bucket_bytes=bucket_bytes, timeout_s=timeout_s, cuda_ipc=cuda_ipc)
         self.timeout_s = timeout_s
         self.workers_per_engine = workers_per_engine  # vLLM TP workers each pull a full copy
 
