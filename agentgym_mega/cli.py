@@ -58,6 +58,17 @@ def _cmd_doctor(args) -> int:
     return 1 if failed else 0
 
 
+def _cmd_bench(args) -> int:
+    if args.bench == "rollout":
+        from agentgym_mega.bench import rollout
+
+        result = rollout.run(args.model, args.prompts, args.prompt_len, args.max_tokens, args.rounds)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))
+    return 0
+
+
 def _checks(text: str) -> list[str]:
     checks = [c.strip() for c in text.split(",")]
     unknown = [c for c in checks if c not in ("megatron", "vllm")]
@@ -144,6 +155,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="HF model directory for the vllm check (default: a fresh tiny model)")
     p.add_argument("--json", help="also write the report as JSON here")
     p.set_defaults(func=_cmd_doctor)
+
+    p = sub.add_parser("bench", help="benchmarks that write their figures as JSON",
+                       description="Each benchmark measures one part of the stack and writes JSON.")
+    benches = p.add_subparsers(dest="bench", required=True, metavar="<benchmark>")
+    b = benches.add_parser(
+        "rollout", formatter_class=fmt,
+        help="generation tokens/s through the engine wrapper vs vLLM called directly",
+        description=(
+            "Runs the same token-id requests through VLLMEngine.generate and through vLLM's\n"
+            "LLM.generate on one engine, alternating rounds with the prefix cache reset, and\n"
+            "reports tokens/s of each and the wrapper's overhead in percent."
+        ),
+    )
+    b.add_argument("--json", required=True, help="where to write the figures")
+    b.add_argument("--model", help="HF model directory (default: a fresh tiny Qwen2)")
+    b.add_argument("--prompts", type=int, default=32)
+    b.add_argument("--prompt-len", type=int, default=128)
+    b.add_argument("--max-tokens", type=int, default=64)
+    b.add_argument("--rounds", type=int, default=5)
+    p.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""`agentgym-mega bench <name>`: benchmarks that write their figures as JSON."""

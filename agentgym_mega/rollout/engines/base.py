@@ -1,0 +1,49 @@
+"""The interface every inference backend implements, in token ids end to end.
+
+The rollout manager keeps the exact ids an engine sampled (never re-tokenised text) and the
+log-probs the engine assigned them, so a backend takes token-id prompts and returns token ids.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+
+@dataclasses.dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]  # log-prob of each sampled token under the sampling distribution
+    finish_reason: str  # "stop" (end-of-turn or stop token) or "length"
+
+
+class InferenceEngine(abc.ABC):
+    @abc.abstractmethod
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        """One completion per prompt, in order."""
+
+    @abc.abstractmethod
+    def update_weights(self, address: str, version: int, timeout_s: float) -> int:
+        """Pulls a complete new version of the weights from a weight_sync sender at `address`
+        and swaps it in all-or-nothing; returns the version now served."""
+
+    @abc.abstractmethod
+    def sleep(self) -> None:
+        """Releases accelerator memory (weights, KV cache) while the trainer uses the device."""
+
+    @abc.abstractmethod
+    def wake(self) -> None:
+        """Takes the memory back before generation."""
+
+    @abc.abstractmethod
+    def health(self) -> dict:
+        """At least {"alive": bool, "version": int, "sleeping": bool}."""

