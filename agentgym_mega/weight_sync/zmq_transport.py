@@ -35,6 +35,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 import zmq
 
+from agentgym_mega.rollout.engines import call_async
 from agentgym_mega.weight_sync.base import WeightSynchronizer
 from agentgym_mega.weight_sync.buckets import TensorSpec, plan_buckets, to_dtype
 
@@ -223,18 +224,6 @@ class ZmqWeightReceiver:
 
 
 
-def _start(pool: ThreadPoolExecutor, engine, address: str, version: int, timeout_s: float):
-    """Starts engine.update_weights without waiting: a Ray actor call, or a thread for an
-    in-process engine (its call blocks until the stream ends)."""
-    remote = getattr(getattr(engine, "update_weights", None), "remote", None)
-    if remote is not None:
-        import ray
-
-        ref = remote(address, version, timeout_s)
-        return lambda: ray.get(ref)
-    return pool.submit(engine.update_weights, address, version, timeout_s).result
-
-
 class ZmqWeightSynchronizer(WeightSynchronizer):
     """Trainer-side sync over ZMQ: one sender socket, every engine worker pulls from it."""
 
@@ -246,7 +235,8 @@ class ZmqWeightSynchronizer(WeightSynchronizer):
 
     def sync(self, named_tensors, engines: Sequence, version: int, progress=None) -> SyncStats:
         with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
-            waits = [_start(pool, e, self.sender.address, version, self.timeout_s) for e in engines]
+            waits = [call_async(pool, e, "update_weights", self.sender.address, version, self.timeout_s)
+                     for e in engines]
             try:
                 stats = self.sender.push(named_tensors, version, len(engines) * self.workers_per_engine, progress)
             finally:
