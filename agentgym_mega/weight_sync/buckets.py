@@ -1,14 +1,15 @@
-"""Packing named tensors into fixed-size byte buckets: pure planning, no I/O.
+"""Packing a stream of named tensors into byte buckets of a fixed size: no I/O here.
 
-A bucket is a list of segments, each a byte range of one tensor. Tensors are laid out in order;
-one larger than the space left in a bucket is split across buckets, so every bucket except the
-last holds exactly `bucket_bytes` bytes and the sender never needs more than one bucket of
-staging memory, whatever the tensor sizes.
+Tensors are laid out in order; one larger than the room left in a bucket is split across
+buckets, so every bucket except the last holds exactly `bucket_bytes` bytes. Packing is lazy:
+a bucket is yielded as soon as it is full, so the sender holds one bucket and the tensor being
+packed, never the whole model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Iterable, Iterator
 
 import torch
 
@@ -37,9 +38,16 @@ class TensorSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
-    index: int  # position of the tensor in the spec list
+    index: int  # position of the tensor in the stream
     offset: int  # first byte of this segment within the tensor
     nbytes: int
+
+
+@dataclasses.dataclass
+class Bucket:
+    specs: dict[int, TensorSpec]  # tensors introduced here; their bytes start here or later
+    segments: list[Segment]
+    payloads: list[torch.Tensor]  # uint8 views, one per segment, sharing the tensors' memory
 
 
 def to_dtype(name: str) -> torch.dtype:
@@ -49,19 +57,25 @@ def to_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[Segment]]:
-    """Splits the concatenated bytes of `specs` into buckets of at most `bucket_bytes`."""
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of the tensor on the CPU (no copy when it is already a contiguous CPU tensor)."""
+    return tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
+
+
+def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[Bucket]:
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
-    buckets: list[list[Segment]] = [[]]
-    room = bucket_bytes
-    for index, spec in enumerate(specs):
-        offset, left = 0, spec.nbytes
-        while left > 0:
+    bucket, room = Bucket({}, [], []), bucket_bytes
+    for index, (name, tensor) in enumerate(named_tensors):
+        bucket.specs[index] = TensorSpec.of(name, tensor)
+        data, offset = as_bytes(tensor), 0
+        while offset < data.numel():
             if room == 0:
-                buckets.append([])
-                room = bucket_bytes
-            take = min(left, room)
-            buckets[-1].append(Segment(index, offset, take))
-            offset, left, room = offset + take, left - take, room - take
-    return [b for b in buckets if b]
+                yield bucket
+                bucket, room = Bucket({}, [], []), bucket_bytes
+            take = min(data.numel() - offset, room)
+            bucket.segments.append(Segment(index, offset, take))
+            bucket.payloads.append(data[offset : offset + take])
+            offset, room = offset + take, room - take
+    if bucket.specs or bucket.segments:
+        yield bucket

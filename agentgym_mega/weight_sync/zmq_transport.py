@@ -3,21 +3,22 @@
 Protocol (trainer = ROUTER, bound; each engine worker = DEALER, connected):
 
     engine  -> READY
-    trainer -> META    {version, specs, buckets}
-    trainer -> BUCKET  {bucket: i, segments} + one raw frame per segment   (repeated)
-    trainer -> COMMIT  {version}
+    trainer -> BUCKET  {specs of tensors it introduces, segments} + one raw frame per segment
+               ... repeated while the trainer's tensor iterator yields ...
+    trainer -> COMMIT  {version, tensors, bytes}
     engine  -> ACK     {version} | ERROR {message}
 
-Frames are sent with ``copy=False`` (zero-copy from the tensor's memory). The receiver stages
-every byte before it hands anything over, so an interrupted stream (timeout, dead peer) leaves
-the engine's weights untouched: an update is all-or-nothing.
+The trainer streams: it packs tensors as its iterator produces them (e.g. gathered from
+megatron TP/PP shards one at a time), so it never holds the whole model. Frames are sent with
+``copy=False``, straight from the tensors' memory. The engine stages every byte and hands the
+tensors over only after a COMMIT that matches what arrived, so an interrupted stream (timeout,
+dead peer) leaves its weights untouched: an update is all-or-nothing.
 
-CUDA IPC (GPU, engines colocated with the trainer on the same devices): when the sender is
-built with ``cuda_ipc=True`` and every tensor lives on a GPU, no bytes travel. META says so and
-a single HANDLES message carries, per tensor, the pickled CUDA IPC handle from
-``torch.multiprocessing.reductions.reduce_tensor``; the engine maps the trainer's memory with it
-and its loader copies from there. The trainer keeps the tensors alive until every ACK arrived.
-Handles are pickles: use this only on ipc:// endpoints of one node, which is where it applies.
+CUDA IPC (GPU, engines colocated with the trainer on the same devices): with ``cuda_ipc=True``
+and tensors on a GPU, no bytes travel. Each tensor goes as a HANDLE message carrying the pickled
+CUDA IPC handle from ``torch.multiprocessing.reductions.reduce_tensor``; the engine maps the
+trainer's memory with it and its loader copies from there. The trainer keeps those tensors alive
+until every ACK arrived. Handles are pickles: only for ipc:// endpoints on one node.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import zmq
 
 from agentgym_mega.rollout.engines import call_async
 from agentgym_mega.weight_sync.base import WeightSynchronizer
-from agentgym_mega.weight_sync.buckets import TensorSpec, plan_buckets, to_dtype
+from agentgym_mega.weight_sync.buckets import TensorSpec, pack, to_dtype
 
 
 class SyncError(RuntimeError):
@@ -65,11 +66,6 @@ def default_address() -> str:
     return f"ipc://{tempfile.gettempdir()}/agentgym-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 view of a contiguous CPU tensor (no copy when already so)."""
-    return tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
-
-
 def _send_json(sock, identity: bytes, op: str, **payload) -> None:
     sock.send_multipart([identity, json.dumps({"op": op, **payload}).encode()])
 
@@ -82,16 +78,15 @@ class ZmqWeightSender:
         self.bucket_bytes = bucket_bytes
         self.cuda_ipc = cuda_ipc
         self.timeout_ms = int(timeout_s * 1000)
-        self._ctx = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock = zmq.Context.instance().socket(zmq.ROUTER)
         # Fail loudly instead of dropping messages for a peer that went away or stopped reading.
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.SNDTIMEO, self.timeout_ms)
         self._sock.setsockopt(zmq.LINGER, 0)
         address = address or default_address()
         if address.startswith("tcp://") and address.endswith(":0"):
-            port = self._sock.bind_to_random_port(address.rsplit(":", 1)[0])
-            address = f"{address.rsplit(':', 1)[0]}:{port}".replace("*", "127.0.0.1")
+            host = address.rsplit(":", 1)[0]
+            address = f"{host}:{self._sock.bind_to_random_port(host)}".replace("*", "127.0.0.1")
         else:
             self._sock.bind(address)
         self.address = address
@@ -102,6 +97,10 @@ class ZmqWeightSender:
         identity, body = self._sock.recv_multipart()
         return identity, json.loads(body)
 
+    def _send(self, peers: list[bytes], frames: list) -> None:
+        for peer in peers:
+            self._sock.send_multipart([peer, *frames], copy=False)
+
     def push(
         self,
         named_tensors: Iterable[tuple[str, torch.Tensor]],
@@ -109,45 +108,50 @@ class ZmqWeightSender:
         receivers: int = 1,
         progress: Callable[[int, int], None] | None = None,
     ) -> SyncStats:
-        """Sends every tensor to `receivers` engines and returns once all of them acknowledged.
-        `progress(buckets_sent, buckets_total)` is called after each bucket."""
+        """Streams every tensor to `receivers` engines; returns once all of them acknowledged.
+        `progress(bytes_sent, messages_sent)` is called after each bucket or handle."""
         start = time.perf_counter()
-        named = [(name, t.detach().contiguous()) for name, t in named_tensors]
-        specs = [TensorSpec.of(name, t) for name, t in named]
-        cuda_ipc = self.cuda_ipc and all(t.is_cuda for _, t in named)
-        flat = [] if cuda_ipc else [_as_bytes(t) for _, t in named]
-        buckets = [] if cuda_ipc else plan_buckets(specs, self.bucket_bytes)
         peers = [self._recv("READY")[0] for _ in range(receivers)]
+        count = params = sent = messages = 0
+        held = []  # CUDA IPC: engines map these tensors until they acknowledge
         try:
-            for peer in peers:
-                _send_json(self._sock, peer, "META", version=version, buckets=len(buckets),
-                           specs=[dataclasses.astuple(s) for s in specs], cuda_ipc=cuda_ipc)
-            if cuda_ipc:
+            if self.cuda_ipc:
                 from torch.multiprocessing.reductions import reduce_tensor
 
-                handles = pickle.dumps([reduce_tensor(t) for _, t in named])
-                for peer in peers:
-                    self._sock.send_multipart([peer, handles])
-            for i, bucket in enumerate(buckets):
-                header = json.dumps({"op": "BUCKET", "bucket": i,
-                                     "segments": [dataclasses.astuple(s) for s in bucket]}).encode()
-                frames = [flat[s.index][s.offset : s.offset + s.nbytes].numpy() for s in bucket]
-                for peer in peers:
-                    self._sock.send_multipart([peer, header, *frames], copy=False)
-                if progress:
-                    progress(i + 1, len(buckets))
+                for index, (name, tensor) in enumerate(named_tensors):
+                    tensor = tensor.detach().contiguous()
+                    held.append(tensor)
+                    spec = TensorSpec.of(name, tensor)
+                    meta = json.dumps({"op": "HANDLE", "index": index, "spec": dataclasses.astuple(spec)})
+                    self._send(peers, [meta.encode(), pickle.dumps(reduce_tensor(tensor))])
+                    count, params, sent, messages = count + 1, params + spec.numel, sent + spec.nbytes, messages + 1
+                    if progress:
+                        progress(sent, messages)
+            else:
+                for bucket in pack(named_tensors, self.bucket_bytes):
+                    header = json.dumps({
+                        "op": "BUCKET",
+                        "specs": {i: dataclasses.astuple(s) for i, s in bucket.specs.items()},
+                        "segments": [dataclasses.astuple(s) for s in bucket.segments],
+                    }).encode()
+                    self._send(peers, [header, *(p.numpy() for p in bucket.payloads)])
+                    count += len(bucket.specs)
+                    params += sum(s.numel for s in bucket.specs.values())
+                    sent += sum(s.nbytes for s in bucket.segments)
+                    messages += 1
+                    if progress:
+                        progress(sent, messages)
             for peer in peers:
-                _send_json(self._sock, peer, "COMMIT", version=version)
+                _send_json(self._sock, peer, "COMMIT", version=version, tensors=count, bytes=sent)
         except zmq.ZMQError as exc:
             raise SyncError(f"sending version {version} failed ({exc}); engines keep their previous weights") from None
         for _ in peers:
             identity, reply = self._recv("ACK")
             if reply["op"] != "ACK":
                 raise SyncError(f"engine {identity!r} rejected version {version}: {reply.get('message')}")
-        return SyncStats(
-            version, len(specs), sum(s.numel for s in specs), sum(s.nbytes for s in specs),
-            len(buckets), receivers, time.perf_counter() - start,
-        )
+        del held
+        return SyncStats(version, count, params, sent, 0 if self.cuda_ipc else messages, receivers,
+                         time.perf_counter() - start)
 
     def close(self) -> None:
         self._sock.close(linger=0)
@@ -164,56 +168,59 @@ class ZmqWeightReceiver:
         self._sock.connect(address)
         self.address = address
 
-    def _recv(self, copy: bool = True):
+    def _recv(self):
         if not self._sock.poll(self.timeout_ms):
             raise SyncError(
                 f"weight stream from {self.address} stalled for {self.timeout_ms / 1000:.0f}s; "
                 "keeping the previous weights"
             )
-        return self._sock.recv_multipart(copy=copy)
+        return self._sock.recv_multipart(copy=False)
 
     def receive(self) -> tuple[int, list[tuple[str, torch.Tensor]]]:
-        """Returns (version, [(name, tensor), ...]) once every byte of the version arrived."""
+        """Returns (version, [(name, tensor), ...]) once every byte of a version arrived."""
         self._sock.send(json.dumps({"op": "READY"}).encode())
-        meta = json.loads(self._recv()[0])
-        if meta["op"] != "META":
-            raise SyncError(f"expected META from the trainer, got {meta['op']}")
-        specs = [TensorSpec(name, dtype, tuple(shape)) for name, dtype, shape in meta["specs"]]
-        if meta.get("cuda_ipc"):
-            tensors = [fn(*args) for fn, args in pickle.loads(self._recv()[0])]
-            self._expect_commit(meta["version"])
-            return meta["version"], [(s.name, t) for s, t in zip(specs, tensors)]
-        staged: list[torch.Tensor | None] = [None] * len(specs)
-        received = [0] * len(specs)
-        keep_alive = []  # frames backing tensors that arrived whole (zero-copy)
-        for _ in range(meta["buckets"]):
-            header, *frames = self._recv(copy=False)
-            header = json.loads(header.bytes)
-            for (index, offset, nbytes), frame in zip(header["segments"], frames):
-                data = torch.frombuffer(frame.buffer, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+        specs: dict[int, TensorSpec] = {}
+        staged: dict[int, torch.Tensor] = {}  # bytes, per tensor
+        mapped: dict[int, torch.Tensor] = {}  # CUDA IPC: the trainer's tensors themselves
+        received: dict[int, int] = {}
+        self._frames = []  # frames that back tensors which arrived whole (zero-copy)
+        while True:
+            header, *frames = self._recv()
+            message = json.loads(header.bytes)
+            if message["op"] == "COMMIT":
+                break
+            if message["op"] == "HANDLE":
+                fn, args = pickle.loads(frames[0].bytes)
+                index = message["index"]
+                specs[index] = TensorSpec(message["spec"][0], message["spec"][1], tuple(message["spec"][2]))
+                mapped[index], received[index] = fn(*args), specs[index].nbytes
+                continue
+            for index, (name, dtype, shape) in message["specs"].items():
+                specs[int(index)] = TensorSpec(name, dtype, tuple(shape))
+            for (index, offset, nbytes), frame in zip(message["segments"], frames):
+                data = torch.frombuffer(frame.buffer, dtype=torch.uint8)
                 if offset == 0 and nbytes == specs[index].nbytes:
                     staged[index] = data
-                    keep_alive.append(frame)
+                    self._frames.append(frame)
                 else:
-                    if staged[index] is None:
+                    if index not in staged:
                         staged[index] = torch.empty(specs[index].nbytes, dtype=torch.uint8)
                     staged[index][offset : offset + nbytes] = data
-                received[index] += nbytes
-        self._expect_commit(meta["version"])
-        missing = [s.name for s, got in zip(specs, received) if got != s.nbytes]
-        if missing:
-            raise SyncError(f"version {meta['version']} incomplete: {len(missing)} tensors short, e.g. {missing[0]}")
+                received[index] = received.get(index, 0) + nbytes
+        version = message["version"]
+        short = [s.name for i, s in specs.items() if received.get(i, 0) != s.nbytes]
+        if len(specs) != message["tensors"] or short:
+            raise SyncError(f"version {version} incomplete: got {len(specs)} of {message['tensors']} tensors"
+                            + (f", {short[0]} short" if short else ""))
         tensors = []
-        for spec, data in zip(specs, staged):
-            data = data if data is not None else torch.empty(0, dtype=torch.uint8)
-            tensors.append((spec.name, data.view(to_dtype(spec.dtype)).view(spec.shape)))
-        self._keep_alive = keep_alive
-        return meta["version"], tensors
-
-    def _expect_commit(self, version: int) -> None:
-        commit = json.loads(self._recv()[0])
-        if commit["op"] != "COMMIT" or commit["version"] != version:
-            raise SyncError(f"stream ended without a commit for version {version}")
+        for index in sorted(specs):
+            spec = specs[index]
+            if index in mapped:
+                tensors.append((spec.name, mapped[index]))
+            else:
+                data = staged.get(index, torch.empty(0, dtype=torch.uint8))  # empty tensors send no bytes
+                tensors.append((spec.name, data.view(to_dtype(spec.dtype)).view(spec.shape)))
+        return version, tensors
 
     def reply(self, version: int, error: str | None = None) -> None:
         body = {"op": "ACK", "version": version} if error is None else {"op": "ERROR", "message": error}
@@ -221,7 +228,6 @@ class ZmqWeightReceiver:
 
     def close(self) -> None:
         self._sock.close(linger=0)
-
 
 
 class ZmqWeightSynchronizer(WeightSynchronizer):

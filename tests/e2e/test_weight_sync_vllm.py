@@ -88,8 +88,8 @@ from agentgym_mega.weight_sync.zmq_transport import ZmqWeightSender
 sender = ZmqWeightSender(sys.argv[1], bucket_bytes=2048, timeout_s=30)
 tensors = list(load_file(sys.argv[2]).items())
 print("bound", flush=True)
-def die(sent, total):
-    if sent == 5:
+def die(sent_bytes, messages):
+    if messages == 5:
         os.kill(os.getpid(), signal.SIGKILL)
 sender.push(tensors, version=int(sys.argv[3]), progress=die)
 """

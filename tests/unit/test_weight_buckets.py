@@ -5,17 +5,19 @@ import threading
 import pytest
 import torch
 
-from agentgym_mega.weight_sync.buckets import Segment, TensorSpec, plan_buckets
+from agentgym_mega.weight_sync.buckets import Segment, pack
 from agentgym_mega.weight_sync.zmq_transport import SyncError, ZmqWeightReceiver, ZmqWeightSender
 
 
-def specs(*sizes_in_floats):
-    return [TensorSpec(f"t{i}", "float32", (n,)) for i, n in enumerate(sizes_in_floats)]
+def plan(sizes_in_floats, bucket_bytes):
+    """Segments of each bucket for float32 tensors of the given sizes."""
+    tensors = [(f"t{i}", torch.zeros(n)) for i, n in enumerate(sizes_in_floats)]
+    return [b.segments for b in pack(tensors, bucket_bytes)]
 
 
 def test_small_tensors_share_a_bucket_until_it_is_full():
     # 3 tensors of 16, 8 and 8 bytes; buckets of 24 bytes: [t0 + t1], [t2]
-    assert plan_buckets(specs(4, 2, 2), 24) == [
+    assert plan([4, 2, 2], 24) == [
         [Segment(0, 0, 16), Segment(1, 0, 8)],
         [Segment(2, 0, 8)],
     ]
@@ -23,7 +25,7 @@ def test_small_tensors_share_a_bucket_until_it_is_full():
 
 def test_a_tensor_larger_than_a_bucket_is_split_across_buckets():
     # 40-byte tensor with 16-byte buckets: 16 + 16 + 8, then the next tensor fills the remainder
-    assert plan_buckets(specs(10, 2), 16) == [
+    assert plan([10, 2], 16) == [
         [Segment(0, 0, 16)],
         [Segment(0, 16, 16)],
         [Segment(0, 32, 8), Segment(1, 0, 8)],
@@ -31,13 +33,23 @@ def test_a_tensor_larger_than_a_bucket_is_split_across_buckets():
 
 
 def test_buckets_of_exactly_one_tensor_and_zero_size_tensors():
-    assert plan_buckets(specs(4, 4), 16) == [[Segment(0, 0, 16)], [Segment(1, 0, 16)]]
-    assert plan_buckets(specs(0, 4), 16) == [[Segment(1, 0, 16)]]  # empty tensors need no bytes
+    assert plan([4, 4], 16) == [[Segment(0, 0, 16)], [Segment(1, 0, 16)]]
+    assert plan([0, 4], 16) == [[Segment(1, 0, 16)]]  # empty tensors need no bytes
+
+
+def test_payloads_share_memory_and_specs_travel_with_their_first_bucket():
+    big, small = torch.arange(10.0), torch.ones(2)
+    buckets = list(pack([("big", big), ("small", small)], 16))
+    assert [sorted(b.specs) for b in buckets] == [[0], [], [1]]
+    assert buckets[2].specs[1].shape == (2,) and buckets[2].specs[1].dtype == "float32"
+    assert buckets[0].payloads[0].data_ptr() == big.data_ptr()  # zero-copy view, not a copy
+    assert torch.equal(torch.cat([p for b in buckets for p in b.payloads]),
+                       torch.cat([big.view(torch.uint8), small.view(torch.uint8)]))
 
 
 def test_bucket_size_must_be_positive():
     with pytest.raises(ValueError, match="bucket_bytes"):
-        plan_buckets(specs(1), 0)
+        list(pack([("t", torch.zeros(1))], 0))
 
 
 def _roundtrip(tensors, bucket_bytes, timeout_s=10.0):
@@ -52,7 +64,7 @@ def _roundtrip(tensors, bucket_bytes, timeout_s=10.0):
 
     thread = threading.Thread(target=receive)
     thread.start()
-    stats = sender.push(tensors, version=7)
+    stats = sender.push(iter(tensors), version=7)  # a one-pass iterator, as export_hf yields
     thread.join()
     sender.close()
     return stats, out
