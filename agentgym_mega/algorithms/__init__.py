@@ -13,6 +13,7 @@ from agentgym_mega.algorithms.advantages import (
 )
 from agentgym_mega.algorithms.horizon import horizon_cap
 from agentgym_mega.algorithms.losses import (
+    actor_loss,
     aggregate,
     entropy_bonus,
     kl_penalty,
@@ -23,7 +24,7 @@ from agentgym_mega.algorithms.losses import (
 )
 
 __all__ = [
-    "aggregate", "entropy_bonus", "gae", "grpo_advantages", "horizon_cap", "kl_penalty",
+    "actor_loss", "aggregate", "entropy_bonus", "gae", "grpo_advantages", "horizon_cap", "kl_penalty",
     "masked_mean", "masked_whiten", "policy_loss", "reinforce_pp_advantages", "rloo_advantages",
     "value_loss",
 ]

@@ -98,3 +98,20 @@ def value_loss(
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean") -> torch.Tensor:
     """Aggregated per-token entropy; the loss subtracts `entropy_coef` times this."""
     return aggregate(entropy, mask, agg)
+
+
+def actor_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: dict, cfg) -> tuple[torch.Tensor, dict]:
+    """The policy objective of one (micro-)batch under `cfg` (an AlgorithmConfig): clipped
+    surrogate, minus the entropy bonus, plus the KL penalty when it is a loss term.
+    `batch` holds old_logprobs, advantages, loss_mask and, for the KL term, ref_logprobs."""
+    mask = batch["loss_mask"]
+    pg, clip_fraction = policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask,
+                                    cfg.clip, cfg.dual_clip, cfg.loss_agg)
+    ent = entropy_bonus(entropy, mask, cfg.loss_agg)
+    loss = pg - cfg.entropy_coef * ent
+    metrics = {"pg_loss": pg.detach(), "clip_fraction": clip_fraction, "entropy": ent.detach()}
+    if cfg.kl_in == "loss" and cfg.kl_coef > 0:
+        kl = aggregate(kl_penalty(logp, batch["ref_logprobs"], cfg.kl_type), mask, cfg.loss_agg)
+        loss = loss + cfg.kl_coef * kl
+        metrics["kl"] = kl.detach()
+    return loss, metrics

@@ -132,3 +132,22 @@ def test_horizon_cap_fixed_and_invalid_steps():
     assert horizon_cap(5000, HorizonConfig(schedule="fixed", caps=[20])) == 20
     with pytest.raises(ValueError, match="1-based"):
         horizon_cap(0, HorizonConfig())
+
+
+def test_actor_loss_combines_surrogate_entropy_and_kl():
+    from agentgym_mega.algorithms import actor_loss
+    from agentgym_mega.config import AlgorithmConfig
+
+    logp = T([[-1.0, -2.0]])
+    batch = {"old_logprobs": logp.clone(), "advantages": T([[1.0, 1.0]]), "loss_mask": T([[1.0, 1.0]]),
+             "ref_logprobs": T([[-2.0, -2.0]])}
+    entropy = T([[0.5, 1.5]])
+    cfg = AlgorithmConfig(kl_type="k1", kl_coef=0.1, entropy_coef=0.01, kl_in="loss")
+    loss, metrics = actor_loss(logp, entropy, batch, cfg)
+    # ratio 1: surrogate -1; entropy mean 1.0; k1 KL mean (1 + 0) / 2 = 0.5
+    torch.testing.assert_close(loss, T(-1.0 - 0.01 * 1.0 + 0.1 * 0.5))
+    torch.testing.assert_close(metrics["kl"], T(0.5))
+    cfg = AlgorithmConfig(kl_in="reward", entropy_coef=0.0)  # KL handled in the reward instead
+    loss, metrics = actor_loss(logp, entropy, batch, cfg)
+    torch.testing.assert_close(loss, T(-1.0))
+    assert "kl" not in metrics
