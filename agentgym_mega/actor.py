@@ -60,8 +60,22 @@ class MegatronActor(ModelWorker):
     """``MegatronActor(hf_dir, cfg)`` trains; ``MegatronActor(hf_dir, cfg, trainable=False)`` is
     the frozen reference policy. Every method is collective over the trainer's ranks."""
 
-    def __init__(self, hf_dir: str, cfg, *, trainable: bool = True):
-        super().__init__(hf_dir, cfg, trainable=trainable)
+    def __init__(self, hf_dir: str, cfg, *, trainable: bool = True, load_weights: bool = True):
+        super().__init__(hf_dir, cfg, trainable=trainable, load_weights=load_weights)
+
+    def full_logits(self, input_ids: torch.Tensor, micro_batch_size: int | None = None) -> torch.Tensor:
+        """``[B, T, vocab]`` logits gathered over TP, padding dropped: for parity checks and the
+        conversion tools only (training never gathers the vocabulary)."""
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        vocab = self.hf_config.vocab_size
+
+        def head(logits, mb):
+            return logits.sum() * 0, {"logits": gather_from_tensor_model_parallel_region(logits)[..., :vocab]}
+
+        with torch.no_grad():
+            results = self.run({"input_ids": input_ids}, head, micro_batch_size)
+        return torch.cat([r["logits"] for r in results]).cpu()
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float = 1.0,
                  micro_batch_size: int | None = None) -> dict:

@@ -6,7 +6,6 @@ import argparse
 import json
 import re
 import sys
-import tempfile
 
 from agentgym_mega.config import ConfigError
 
@@ -41,21 +40,32 @@ def _cmd_make_tiny_model(args) -> int:
     return 0
 
 
+def _write_json(path: str | None, report: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+
+
 def _cmd_doctor(args) -> int:
     from agentgym_mega import doctor
 
     report = {}
     if "megatron" in args.checks:
-        with tempfile.TemporaryDirectory() as work:
-            report["megatron"] = doctor.megatron_report(args.layouts, args.steps, work)
+        report["megatron"] = doctor.megatron_report(args.layouts, args.steps)
     if "vllm" in args.checks:
         report["vllm"] = doctor.vllm_report(args.model)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    _write_json(args.json, report)
     failed = [name for name, part in report.items() if not part["ok"]]
     print("doctor: " + ("all checks passed" if not failed else "FAILED: " + ", ".join(failed)))
     return 1 if failed else 0
+
+
+def _cmd_bench(args) -> int:
+    import importlib
+
+    report = importlib.import_module(f"agentgym_mega.bench.{args.bench}").run()
+    _write_json(args.json, report)
+    return 0
 
 
 def _checks(text: str) -> list[str]:
@@ -144,6 +154,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="HF model directory for the vllm check (default: a fresh tiny model)")
     p.add_argument("--json", help="also write the report as JSON here")
     p.set_defaults(func=_cmd_doctor)
+
+    p = sub.add_parser(
+        "bench", formatter_class=fmt,
+        help="benchmarks; each prints its figures and writes a JSON report",
+        description=(
+            "Speed is measured here, never in tests. Each benchmark prints its figures and, with\n"
+            "--json PATH, writes them as JSON.\n"
+            "  train   forward+backward tokens/s: megatron actor at TP=1 and TP=2 vs transformers\n"
+            "Timings on shared CPU machines are indicative."
+        ),
+    )
+    benches = p.add_subparsers(dest="bench", required=True, metavar="<benchmark>")
+    b = benches.add_parser(
+        "train", formatter_class=fmt,
+        help="forward+backward tokens/s: megatron actor (TP=1, TP=2) vs transformers",
+        description=(
+            "Builds a tiny Qwen2 model and times forward+backward of the mean next-token NLL on the\n"
+            "same batch with transformers and with the megatron-core actor at TP=1 and TP=2 (local\n"
+            "gloo ranks on CPU), the same total threads each; reports tokens/s and the ratios."
+        ),
+    )
+    b.add_argument("--json", help="write the report here")
+    b.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -8,7 +8,8 @@ written, then replaces ``latest`` atomically: a save killed at any point leaves 
 checkpoint and ``latest`` as they were.
 
 The model loads at any TP/PP layout (dist_checkpointing reshards); optimizer and RNG state are
-restored only at the layout they were saved with, which is what resuming a run needs.
+restored only at the layout they were saved with, which is what resuming a run needs. A worker
+that has not stepped yet (or has no optimizer, e.g. a converted HF model) saves the model only.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _sharded_state(worker, full: bool, loading: bool) -> dict:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     state = {"model": weights.unwrap(worker.model).sharded_state_dict()}
-    if full and worker.optimizer is not None:
+    if full:
         if loading:
             _allocate_optimizer_state(worker.optimizer)
         state["optimizer"] = worker.optimizer.sharded_state_dict(
@@ -88,6 +89,13 @@ def _sharded_state(worker, full: bool, loading: bool) -> dict:
     return state
 
 
+def _has_optimizer_state(worker) -> bool:
+    """False before the first step: there are no Adam moments yet, only the model to save."""
+    if worker.optimizer is None:
+        return False
+    return any(inner.optimizer.state for inner in getattr(worker.optimizer, "chained_optimizers", [worker.optimizer]))
+
+
 def _allocate_optimizer_state(optimizer) -> None:
     """A fresh optimizer has no Adam moments to load into; megatron's own helper allocates them
     (the values are overwritten by the load)."""
@@ -97,14 +105,16 @@ def _allocate_optimizer_state(optimizer) -> None:
 
 
 def _restore_adam_steps(optimizer) -> None:
-    """megatron-core 0.16 restores torch Adam's step count into the param groups but then
-    overwrites each parameter's ``step`` with the pre-load value (it treats it as local,
-    non-persistent state); put the checkpoint's count back, or bias correction differs on resume."""
+    """megatron-core 0.16 restores torch Adam's step count into the param groups, then writes the
+    pre-load value back into each parameter's ``step`` (it treats it as local state) and leaves
+    one ``step`` tensor shared by all parameters, which Adam's foreach update would then increment
+    once per parameter. Give each parameter its own tensor holding the checkpoint's count."""
     for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
         for group in inner.optimizer.param_groups:
             if "step" in group:
                 for param in group["params"]:
-                    inner.optimizer.state[param]["step"].fill_(group["step"])
+                    state = inner.optimizer.state[param]
+                    state["step"] = torch.full_like(state["step"], group["step"])
 
 
 def _write_text_atomic(path: str, text: str) -> None:
@@ -127,7 +137,8 @@ def save(root: str, step: int, worker, trainer_state: dict) -> str:
         weights.atomic_dir(final)
     dist.barrier()
     tmp = f"{final}.tmp"
-    state = _sharded_state(worker, full=True, loading=False)
+    with_optimizer = _has_optimizer_state(worker)
+    state = _sharded_state(worker, full=with_optimizer, loading=False)
     state["scheduler"] = worker.scheduler.state_dict() if worker.scheduler else None
     state["trainer"] = dict(trainer_state, global_step=step)
     dist_checkpointing.save(state, tmp)
@@ -137,7 +148,7 @@ def save(root: str, step: int, worker, trainer_state: dict) -> str:
         os.makedirs(side)
         weights.copy_side_files(worker.hf_dir, side)
         meta = {"step": step, "layout": _layout(), "padded_vocab": weights.unwrap(worker.model).vocab_size,
-                "value_head": worker.value_head, "trainer": state["trainer"]}
+                "value_head": worker.value_head, "optimizer": with_optimizer, "trainer": state["trainer"]}
         _write_text_atomic(os.path.join(tmp, META), json.dumps(meta, indent=2))
         weights.commit_dir(tmp, final)
         _write_text_atomic(os.path.join(root, LATEST), os.path.basename(final) + "\n")
@@ -173,7 +184,8 @@ def load(path: str, worker, load_optimizer: bool = True) -> dict:
                               f"(padded vocabulary), this model {padded}")
     if meta["value_head"] != worker.value_head:
         raise CheckpointError(f"{path}: value_head={meta['value_head']} but this model has value_head={worker.value_head}")
-    full = load_optimizer and worker.optimizer is not None and meta["layout"] == _layout()
+    full = (load_optimizer and worker.optimizer is not None and meta["optimizer"]
+            and meta["layout"] == _layout())
     state = dist_checkpointing.load(_sharded_state(worker, full, loading=True), path)
     worker.model.load_state_dict(state["model"])
     if full:

@@ -26,7 +26,10 @@ def lr_decay_steps(trainer) -> int:
 
 
 class ModelWorker:
-    def __init__(self, hf_dir: str, cfg, *, trainable: bool = True, value_head: bool = False):
+    def __init__(self, hf_dir: str, cfg, *, trainable: bool = True, value_head: bool = False,
+                 load_weights: bool = True):
+        """``hf_dir``: the HF model (config, tokenizer and, with ``load_weights``, the weights;
+        without, the weights come from :meth:`load_checkpoint`)."""
         from megatron.core.distributed import (
             DistributedDataParallel,
             DistributedDataParallelConfig,
@@ -40,7 +43,8 @@ class ModelWorker:
         self.dtype = gpt.resolve_dtype(cfg.model.dtype)
         self.value_head = value_head
         model = gpt.build_gpt(self.hf_config, self.layout, self.dtype, value_head=value_head)
-        weights.load_hf_weights(model, hf_dir, self.hf_config)
+        if load_weights:
+            weights.load_hf_weights(model, hf_dir, self.hf_config)
         self.trainable = trainable
         self.optimizer = self.scheduler = None
         if not trainable:

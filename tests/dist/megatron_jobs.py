@@ -32,19 +32,6 @@ def tokens(vocab: int, batch: int = 4, seq: int = SEQ, seed: int = 0) -> torch.T
     return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
-def full_logits(worker, input_ids):
-    """The full, unpadded logits, gathered over TP: only for checking against transformers."""
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
-    vocab = worker.hf_config.vocab_size
-
-    def head(logits, mb):
-        return logits.sum() * 0, {"logits": gather_from_tensor_model_parallel_region(logits)[..., :vocab]}
-
-    with torch.no_grad():
-        return torch.cat([r["logits"] for r in worker.run({"input_ids": input_ids}, head, 2)])
-
-
 def sft_loss(logp, entropy, mb):
     """A fixed loss to minimise: mean negative log-likelihood of the batch's tokens."""
     return -logp[:, 1:].mean(), {"entropy": entropy[:, 1:].mean()}
@@ -63,14 +50,14 @@ def parity_job(tp: int, pp: int, world: int, models: dict, work: str, load_from:
     for arch, hf_dir in models.items():
         ref = MegatronActor(hf_dir, cfg, trainable=False)
         ids = tokens(ref.hf_config.vocab_size)
-        res = {"logits": full_logits(ref, ids), **ref.logprobs(ids, micro_batch_size=2),
+        res = {"logits": ref.full_logits(ids, 2), **ref.logprobs(ids, micro_batch_size=2),
                "logprobs_t2": ref.logprobs(ids, temperature=2.0)["logprobs"],
                "exported": {k: v.clone() for k, v in ref.export_hf()}}
         res["saved_hf"] = ref.save_hf(os.path.join(work, f"{arch}-exported-tp{tp}pp{pp}"))
         if load_from:
             actor = MegatronActor(hf_dir, cfg)
             actor.load_checkpoint(os.path.join(load_from, arch))
-            res["loaded_logits"] = full_logits(actor, ids)
+            res["loaded_logits"] = actor.full_logits(ids, 2)
         out[arch] = res
     return out
 
@@ -89,11 +76,10 @@ def training_job(models: dict, work: str) -> dict:
         actor.save_checkpoint(root, SAVE_AT, {"horizon_stage": 1, "data_position": 17})
         rest = train(actor, range(SAVE_AT, TRAIN_STEPS), ids)
         final = {k: v.clone() for k, v in actor.export_hf()}
-        saved_logits = None
         del actor
         resumed = MegatronActor(hf_dir, cfg)
         trainer_state = resumed.load_checkpoint(root)
-        saved_logits = full_logits(resumed, tokens(resumed.hf_config.vocab_size))
+        saved_logits = resumed.full_logits(tokens(resumed.hf_config.vocab_size), 2)
         resumed_rest = train(resumed, range(SAVE_AT, TRAIN_STEPS), ids)
         resumed_final = {k: v.clone() for k, v in resumed.export_hf()}
         del resumed
@@ -114,15 +100,16 @@ def value_loss(values, mb):
 
 
 def kill_during_save(hf_dir: str, root: str) -> None:
-    """One rank builds an actor and starts saving the next checkpoint into ``root``; it is
-    SIGKILLed after dist_checkpointing wrote its files and before the checkpoint is committed."""
+    """One rank builds an actor and starts saving the next checkpoint into ``root``; its process
+    group (it and dist_checkpointing's writer helper) is SIGKILLed after dist_checkpointing wrote
+    the files and before the checkpoint is committed. Run it with ``start_new_session=True``."""
     from megatron.core import dist_checkpointing
 
     real_save = dist_checkpointing.save
 
     def save_then_die(*args, **kwargs):
         real_save(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
 
     dist_checkpointing.save = save_then_die
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",

@@ -1,0 +1,1 @@
+"""`agentgym-mega bench ...`: benchmarks, each writing a JSON report (speed lives here, not in tests)."""
