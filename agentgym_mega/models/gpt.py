@@ -142,7 +142,9 @@ class ValueHead(torch.nn.Module):
         from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
         if self.sequence_parallel:
-            hidden = gather_from_sequence_parallel_region(hidden)
+            # Every TP rank computes the full head, so its input gradient only needs splitting
+            # back along the sequence, not summing across ranks.
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         return self.linear(hidden), None  # GPTModel unpacks (output, bias)
 
 
