@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import sys
-import tempfile
 
 from agentgym_mega.config import ConfigError
 
@@ -41,31 +41,30 @@ def _cmd_make_tiny_model(args) -> int:
     return 0
 
 
+def _write_json(path: str | None, report: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+
+
 def _cmd_doctor(args) -> int:
     from agentgym_mega import doctor
 
     report = {}
     if "megatron" in args.checks:
-        with tempfile.TemporaryDirectory() as work:
-            report["megatron"] = doctor.megatron_report(args.layouts, args.steps, work)
+        report["megatron"] = doctor.megatron_report(args.layouts, args.steps)
     if "vllm" in args.checks:
         report["vllm"] = doctor.vllm_report(args.model)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    _write_json(args.json, report)
     failed = [name for name, part in report.items() if not part["ok"]]
     print("doctor: " + ("all checks passed" if not failed else "FAILED: " + ", ".join(failed)))
     return 1 if failed else 0
 
 
 def _cmd_bench(args) -> int:
-    if args.bench == "rollout":
-        from agentgym_mega.bench import rollout
-
-        result = rollout.run(args.model, args.prompts, args.prompt_len, args.max_tokens, args.rounds)
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=2)
-    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=2))
+    report = args.run(args)
+    _write_json(args.json, report)
+    print(json.dumps({k: v for k, v in report.items() if not isinstance(v, (dict, list))}, indent=2))
     return 0
 
 
@@ -156,9 +155,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the report as JSON here")
     p.set_defaults(func=_cmd_doctor)
 
-    p = sub.add_parser("bench", help="benchmarks that write their figures as JSON",
-                       description="Each benchmark measures one part of the stack and writes JSON.")
+    p = sub.add_parser(
+        "bench", formatter_class=fmt,
+        help="benchmarks; each prints its figures and writes a JSON report",
+        description=(
+            "Speed is measured here, never in tests. Each benchmark prints its figures and, with\n"
+            "--json PATH, writes them as JSON. Timings on shared CPU machines are indicative.\n"
+            "  train     forward+backward tokens/s: megatron actor at TP=1 and TP=2 vs transformers\n"
+            "  rollout   generation tokens/s through the engine wrapper vs vLLM called directly"
+        ),
+    )
     benches = p.add_subparsers(dest="bench", required=True, metavar="<benchmark>")
+    b = benches.add_parser(
+        "train", formatter_class=fmt,
+        help="forward+backward tokens/s: megatron actor (TP=1, TP=2) vs transformers",
+        description=(
+            "Builds a tiny Qwen2 model and times forward+backward of the mean next-token NLL on the\n"
+            "same batch with transformers and with the megatron-core actor at TP=1 and TP=2 (local\n"
+            "gloo ranks on CPU), the same total threads each; reports tokens/s and the ratios."
+        ),
+    )
+    b.add_argument("--json", help="write the report here")
+    b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.train").run())
     b = benches.add_parser(
         "rollout", formatter_class=fmt,
         help="generation tokens/s through the engine wrapper vs vLLM called directly",
@@ -168,12 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
             "reports tokens/s of each and the wrapper's overhead in percent."
         ),
     )
-    b.add_argument("--json", required=True, help="where to write the figures")
+    b.add_argument("--json", help="write the report here")
     b.add_argument("--model", help="HF model directory (default: a fresh tiny Qwen2)")
     b.add_argument("--prompts", type=int, default=32)
     b.add_argument("--prompt-len", type=int, default=128)
     b.add_argument("--max-tokens", type=int, default=64)
     b.add_argument("--rounds", type=int, default=5)
+    b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.rollout").run(
+        a.model, a.prompts, a.prompt_len, a.max_tokens, a.rounds))
     p.set_defaults(func=_cmd_bench)
     return parser
 

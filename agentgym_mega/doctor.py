@@ -12,9 +12,7 @@ Two checks, each on the real libraries:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import socket
 from functools import partial
 
 import torch
@@ -39,12 +37,6 @@ class MegatronCheck:
     clipped_norms: list[float]  # recomputed after the step: at most the clip threshold
     optimizer: str = ""
     rank: int = 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _batch(step: int, micro_batch: int, seed: int) -> dict:
@@ -159,38 +151,18 @@ def train_tiny_gpt(
     )
 
 
-def _megatron_worker(rank: int, world: int, port: int, tp: int, pp: int, steps: int, out: str):
-    os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)
-    try:
-        result = train_tiny_gpt(tp, pp, steps=steps)
-        with open(f"{out}.{rank}", "w") as f:
-            json.dump(dataclasses.asdict(result), f)
-    finally:
-        platform.shutdown()
-
-
-def run_megatron_check(world: int, tp: int, pp: int, steps: int, workdir: str) -> list[MegatronCheck]:
+def run_megatron_check(world: int, tp: int, pp: int, steps: int) -> list[MegatronCheck]:
     """Spawns ``world`` ranks on this machine and returns each rank's result."""
-    import torch.multiprocessing as mp
+    from agentgym_mega.platform.local_ranks import run_on_local_ranks
 
-    out = os.path.join(workdir, f"megatron_tp{tp}_pp{pp}_w{world}.json")
-    mp.spawn(_megatron_worker, args=(world, _free_port(), tp, pp, steps, out), nprocs=world)
-    results = []
-    for rank in range(world):
-        with open(f"{out}.{rank}") as f:
-            results.append(MegatronCheck(**json.load(f)))
-    return results
+    return run_on_local_ranks(train_tiny_gpt, world, tp, pp, steps)
 
 
-def megatron_report(layouts: list[tuple[int, int, int]], steps: int, workdir: str) -> dict:
+def megatron_report(layouts: list[tuple[int, int, int]], steps: int) -> dict:
     """Runs each (tp, pp, world) layout; ok when every rank agrees and the loss fell."""
     runs = []
     for tp, pp, world in layouts:
-        ranks = run_megatron_check(world, tp, pp, steps, workdir)
+        ranks = run_megatron_check(world, tp, pp, steps)
         losses = ranks[0].losses
         agree = all(r.losses == losses for r in ranks)
         fell = losses[-1] < losses[0]

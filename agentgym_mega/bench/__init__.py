@@ -1,1 +1,1 @@
-"""`agentgym-mega bench <name>`: benchmarks that write their figures as JSON."""
+"""`agentgym-mega bench ...`: benchmarks, each writing a JSON report (speed lives here, not in tests)."""

@@ -1,0 +1,179 @@
+"""A megatron-core ``GPTModel`` built from a Hugging Face config (Qwen2/Qwen2.5, Llama 3.x).
+
+The model is this rank's part: its TP shard of every layer it holds and, with PP, only its
+stage's layers (embedding on the first stage, final norm and LM head on the last). Call
+:func:`agentgym_mega.platform.init_distributed` first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+
+import torch
+
+from agentgym_mega import platform
+from agentgym_mega.models import mapping
+
+# Vocabulary rows are padded to a multiple of this (and of TP): a fixed multiple keeps the padded
+# size, and so every checkpoint's tensor shapes, the same across TP sizes that divide it.
+VOCAB_MULTIPLE = 128
+# Megatron implements llama3 rope scaling with the original recipe's fixed constants only.
+_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How one model is split over ranks; from ``parallel`` in the config."""
+
+    tp: int = 1
+    pp: int = 1
+    sequence_parallel: bool = False
+    recompute: str = "none"  # none | selective | full
+
+    @classmethod
+    def of(cls, parallel) -> "Layout":
+        return cls(parallel.tp, parallel.pp, parallel.sequence_parallel, parallel.recompute)
+
+
+def te_available() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def padded_vocab_size(vocab: int, tp: int) -> int:
+    multiple = math.lcm(VOCAB_MULTIPLE, tp)
+    return -(-vocab // multiple) * multiple
+
+
+def resolve_dtype(name: str = "auto") -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if platform.has_cuda() else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def load_hf_config(hf_dir: str):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(hf_dir)
+
+
+def rope_settings(hf_config) -> dict:
+    """GPTModel's rope arguments; refuses scalings megatron cannot reproduce exactly."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    out = {"rotary_base": theta, "rope_scaling": False}
+    if kind == "llama3":
+        for key, fixed in _LLAMA3_FIXED.items():
+            if float(params.get(key, fixed)) != fixed:
+                raise mapping.MappingError(f"rope_parameters.{key}={params[key]}: megatron's llama3 rope "
+                                           f"scaling supports only {fixed}")
+        out.update(rope_scaling=True, rope_scaling_factor=float(params["factor"]))
+    elif kind != "default":
+        raise mapping.MappingError(f"rope_parameters.rope_type={kind!r}: supported: default, llama3")
+    return out
+
+
+def transformer_config(hf_config, layout: Layout, dtype: torch.dtype):
+    from megatron.core.transformer import TransformerConfig
+
+    arch = mapping.architecture(hf_config)
+    geo = mapping.Geometry.of(hf_config, padded_vocab=0)
+    if hf_config.hidden_act != "silu":
+        raise mapping.MappingError(f"hidden_act={hf_config.hidden_act!r}: only silu (SwiGLU) is mapped")
+    if getattr(hf_config, "use_sliding_window", False):
+        raise mapping.MappingError("use_sliding_window=true: sliding-window attention is not mapped")
+    if geo.layers % layout.pp:
+        raise mapping.MappingError(
+            f"num_hidden_layers={geo.layers} does not split evenly over pp={layout.pp} stages")
+    if geo.kv_heads % layout.tp:
+        raise mapping.MappingError(
+            f"num_key_value_heads={geo.kv_heads} is not divisible by tp={layout.tp}: megatron "
+            "gives each TP rank whole query groups")
+    recompute = {} if layout.recompute == "none" else {"recompute_granularity": layout.recompute}
+    if layout.recompute == "full":
+        recompute.update(recompute_method="uniform", recompute_num_layers=1)
+    return TransformerConfig(
+        num_layers=geo.layers,
+        hidden_size=geo.hidden,
+        ffn_hidden_size=geo.ffn,
+        num_attention_heads=geo.heads,
+        num_query_groups=geo.kv_heads,
+        kv_channels=geo.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=getattr(hf_config, "initializer_range", 0.02),
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        sequence_parallel=layout.sequence_parallel,
+        use_cpu_initialization=True,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        # The fused kernels are CUDA-only; the unfused paths compute the same thing.
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        **recompute,
+    )
+
+
+class ValueHead(torch.nn.Module):
+    """The critic's scalar head in place of the LM head. Replicated on every TP rank (one output
+    cannot be split); with sequence parallel it first gathers the sequence."""
+
+    def __init__(self, hidden: int, sequence_parallel: bool, dtype: torch.dtype):
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden, 1, bias=True, dtype=dtype)
+        torch.nn.init.zeros_(self.linear.weight)
+        torch.nn.init.zeros_(self.linear.bias)
+        self.sequence_parallel = sequence_parallel
+
+    def forward(self, hidden, weight=None, runtime_gather_output=None):
+        from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+        if self.sequence_parallel:
+            # Every TP rank computes the full head, so its input gradient only needs splitting
+            # back along the sequence, not summing across ranks.
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+        return self.linear(hidden), None  # GPTModel unpacks (output, bias)
+
+
+def build_gpt(hf_config, layout: Layout, dtype: torch.dtype, value_head: bool = False):
+    """This rank's ``GPTModel`` for ``hf_config`` (random init; load weights with
+    :mod:`agentgym_mega.models.weights`). ``value_head``: the critic's scalar head replaces the
+    LM head, and embeddings are never tied."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    config = transformer_config(hf_config, layout, dtype)
+    if te_available():
+        spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+    else:
+        spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
+    post_process = parallel_state.is_pipeline_last_stage()
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=padded_vocab_size(hf_config.vocab_size, layout.tp),
+        max_sequence_length=hf_config.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=post_process,
+        share_embeddings_and_output_weights=tied,
+        position_embedding_type="rope",
+        **rope_settings(hf_config),
+    )
+    if value_head and post_process:
+        model.output_layer = ValueHead(config.hidden_size, layout.sequence_parallel, dtype)
+    return model.to(platform.device())

@@ -1,0 +1,232 @@
+"""Moving weights between Hugging Face safetensors and a (TP/PP-sharded) megatron ``GPTModel``,
+through the architecture's table in :mod:`agentgym_mega.models.mapping`.
+
+* :func:`load_hf_weights`: every rank reads the HF tensors its parameters need and keeps its shard.
+* :func:`export_hf`: yields ``(hf_name, full tensor)`` on every rank, all-gathering inside TP and
+  broadcasting across PP stages; the weight synchroniser streams these, :func:`save_hf` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from agentgym_mega.models import gpt, mapping
+from agentgym_mega.models.mapping import MappingError
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+SHARD_BYTES = 2 << 30
+# Files of an HF model directory that are weights; everything else (config, tokenizer, chat
+# template, generation config) travels with exported weights unchanged.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", SAFETENSORS_INDEX)
+
+
+def unwrap(model):
+    """The GPTModel inside megatron's DDP (and any other ``.module`` wrapper)."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+class HFCheckpoint:
+    """Lazy, shape-checked access to the tensors of an HF safetensors directory."""
+
+    def __init__(self, hf_dir: str, geometry: mapping.Geometry):
+        self.dir, self.geometry = hf_dir, geometry
+        index = os.path.join(hf_dir, SAFETENSORS_INDEX)
+        single = os.path.join(hf_dir, "model.safetensors")
+        if os.path.exists(index):
+            with open(index) as f:
+                self.files = {k: os.path.join(hf_dir, v) for k, v in json.load(f)["weight_map"].items()}
+        elif os.path.exists(single):
+            from safetensors import safe_open
+
+            with safe_open(single, framework="pt") as f:
+                self.files = {k: single for k in f.keys()}
+        else:
+            raise MappingError(f"{hf_dir}: no model.safetensors or {SAFETENSORS_INDEX}")
+
+    def get(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        if name not in self.files:
+            raise MappingError(f"{name}: missing from {self.dir}")
+        with safe_open(self.files[name], framework="pt") as f:
+            tensor = f.get_tensor(name)
+        expected = self.geometry.hf_shape(name)
+        if tuple(tensor.shape) != expected:
+            raise MappingError(
+                f"{name}: shape {tuple(tensor.shape)} in {self.files[name]}, config.json implies {expected}")
+        return tensor
+
+
+def global_rules(hf_config, te_spec: bool) -> dict[str, mapping.Rule]:
+    """Every rule with its layer filled in, keyed by megatron name with the global layer index."""
+    layers = hf_config.num_hidden_layers
+    out = {}
+    for rule in mapping.rules(hf_config, te_spec):
+        for layer in range(layers) if rule.per_layer else [None]:
+            filled = rule.at(layer)
+            out[filled.megatron] = filled
+    return out
+
+
+def named_global_params(model) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """This rank's parameters, named with global layer indices (megatron names are stage-local)."""
+    model = unwrap(model)
+    for name, param in model.named_parameters():
+        if name.startswith("decoder.layers."):
+            local, rest = name.removeprefix("decoder.layers.").split(".", 1)
+            layer = model.decoder.layers[int(local)].layer_number - 1  # layer_number is global, 1-based
+            name = f"decoder.layers.{layer}.{rest}"
+        yield name, param
+
+
+def _geometry(hf_config, model) -> mapping.Geometry:
+    return mapping.Geometry.of(hf_config, padded_vocab=unwrap(model).vocab_size)
+
+
+def _is_value_head(model, name: str) -> bool:
+    return isinstance(getattr(unwrap(model), "output_layer", None), gpt.ValueHead) and name.startswith("output_layer.")
+
+
+@torch.no_grad()
+def load_hf_weights(model, hf_dir: str, hf_config) -> None:
+    """Fills this rank's shard of every parameter from an HF directory (the critic's value head
+    excepted). Stops at the first tensor that is missing or of the wrong shape, naming it."""
+    from megatron.core import parallel_state
+
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    geo = _geometry(hf_config, model)
+    source = HFCheckpoint(hf_dir, geo)
+    rules = global_rules(hf_config, gpt.te_available())
+    for name, param in named_global_params(model):
+        if _is_value_head(model, name):
+            continue
+        if name not in rules:
+            raise MappingError(f"{name}: megatron parameter with no rule in the {mapping.architecture(hf_config).hf_name} table")
+        rule = rules[name]
+        shard = mapping.to_megatron(rule, [source.get(h) for h in rule.hf], geo, tp_rank, tp_size)
+        if shard.shape != param.shape:
+            raise MappingError(f"{name}: mapped shard {tuple(shard.shape)} != parameter {tuple(param.shape)}")
+        param.copy_(shard)
+
+
+def _stage_of_each_param(local_names: set[str]) -> dict[str, int]:
+    """Which pipeline stage holds each parameter (the first one, for PP-tied LM heads)."""
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_pipeline_model_parallel_group()
+    per_stage = [None] * dist.get_world_size(group)
+    dist.all_gather_object(per_stage, sorted(local_names), group=group)
+    owner = {}
+    for stage, names in enumerate(per_stage):
+        for name in names:
+            owner.setdefault(name, stage)
+    return owner
+
+
+@torch.no_grad()
+def export_hf(model, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields every HF tensor, full and unpadded, on every rank of the model-parallel group, in a
+    fixed order. A collective: all TP and PP ranks must consume the iterator together."""
+    from megatron.core import parallel_state
+
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    tp_size = dist.get_world_size(tp_group)
+    pp_group = parallel_state.get_pipeline_model_parallel_group()
+    pp_ranks = dist.get_process_group_ranks(pp_group)
+    my_stage = parallel_state.get_pipeline_model_parallel_rank()
+    geo = _geometry(hf_config, model)
+    params = {n: p for n, p in named_global_params(model) if not _is_value_head(model, n)}
+    owner = _stage_of_each_param(set(params))
+    for name, rule in global_rules(hf_config, gpt.te_available()).items():
+        if not rule.exported:
+            continue
+        if name not in owner:
+            raise MappingError(f"{name}: held by no pipeline stage")
+        if owner[name] == my_stage:
+            local = params[name].detach().contiguous()
+            shards = [torch.empty_like(local) for _ in range(tp_size)]
+            dist.all_gather(shards, local, group=tp_group)
+            tensors = mapping.to_hf(rule, shards, geo)
+        else:
+            dtype = next(iter(params.values())).dtype
+            tensors = [torch.empty(geo.hf_shape(h), dtype=dtype, device=local_device(params)) for h in rule.hf]
+        if len(pp_ranks) > 1:
+            for t in tensors:
+                dist.broadcast(t, src=pp_ranks[owner[name]], group=pp_group)
+        yield from zip(rule.hf, tensors)
+
+
+def local_device(params: dict) -> torch.device:
+    return next(iter(params.values())).device
+
+
+def atomic_dir(final: str) -> str:
+    """A fresh sibling temp dir of ``final``; :func:`commit_dir` moves it into place."""
+    tmp = f"{final.rstrip(os.sep)}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    return tmp
+
+
+def commit_dir(tmp: str, final: str) -> None:
+    """Replaces ``final`` by ``tmp``: readers see the old directory or the new one, never a mix."""
+    old = f"{final.rstrip(os.sep)}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(final):
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def copy_side_files(src: str, dst: str) -> None:
+    """Copies config, tokenizer and generation files of an HF directory, not its weights."""
+    for name in os.listdir(src):
+        path = os.path.join(src, name)
+        if os.path.isfile(path) and not name.endswith(_WEIGHT_SUFFIXES):
+            shutil.copy2(path, os.path.join(dst, name))
+
+
+def save_hf(model, hf_config, side_files_dir: str, out: str, shard_bytes: int = SHARD_BYTES) -> str | None:
+    """Writes the model as an HF directory (safetensors shards + index, config, tokenizer) at
+    ``out``, atomically. Collective; global rank 0 writes. Returns ``out`` on rank 0."""
+    from safetensors.torch import save_file
+
+    writer = dist.get_rank() == 0
+    tmp = atomic_dir(out) if writer else None
+    shards, current, size, weight_map = [], {}, 0, {}
+
+    def flush():
+        nonlocal current, size
+        if current:
+            shards.append(current)
+            current, size = {}, 0
+
+    for name, tensor in export_hf(model, hf_config):
+        if not writer:
+            continue
+        if size and size + tensor.nbytes > shard_bytes:
+            flush()
+        current[name] = tensor.cpu().clone()
+        size += tensor.nbytes
+    if writer:
+        flush()
+        total = sum(t.nbytes for s in shards for t in s.values())
+        for i, shard in enumerate(shards):
+            file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, os.path.join(tmp, file), metadata={"format": "pt"})
+            weight_map.update({name: file for name in shard})
+        with open(os.path.join(tmp, SAFETENSORS_INDEX), "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        copy_side_files(side_files_dir, tmp)
+        commit_dir(tmp, out)
+    dist.barrier()
+    return out if writer else None

@@ -1,0 +1,123 @@
+"""Work run on spawned gloo ranks by test_megatron_models.py. Each job runs several checks so a
+layout costs one launch; it returns plain tensors and numbers, and the tests judge them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import torch
+
+from agentgym_mega import platform
+from agentgym_mega.actor import MegatronActor
+from agentgym_mega.config import validate
+from agentgym_mega.critic import MegatronCritic
+from agentgym_mega.platform.local_ranks import free_port
+
+SEQ = 24
+TRAIN_STEPS = 4
+SAVE_AT = 2
+
+
+def make_config(tp: int, pp: int, world: int, lr: float = 3e-3):
+    return validate({
+        "parallel": {"world_size": world, "tp": tp, "pp": pp},
+        "trainer": {"lr": lr, "total_steps": TRAIN_STEPS, "batch_size": 4, "mini_batch_size": 4,
+                    "grad_clip": 0.5, "lr_schedule": "cosine", "min_lr": 1e-4},
+    })
+
+
+def tokens(vocab: int, batch: int = 4, seq: int = SEQ, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def sft_loss(logp, entropy, mb):
+    """A fixed loss to minimise: mean negative log-likelihood of the batch's tokens."""
+    return -logp[:, 1:].mean(), {"entropy": entropy[:, 1:].mean()}
+
+
+def train(actor, steps: range, ids) -> list[dict]:
+    return [actor.update({"input_ids": ids}, sft_loss, micro_batch_size=2) for _ in steps]
+
+
+def parity_job(tp: int, pp: int, world: int, models: dict, work: str, load_from: str | None) -> dict:
+    """Per architecture: logits, log-probs and entropy of a fixed batch; the exported HF tensors;
+    with ``load_from``, the logits after loading that checkpoint (saved at another layout)."""
+    platform.init_distributed(tp=tp, pp=pp, seed=0)
+    cfg = make_config(tp, pp, world)
+    out = {}
+    for arch, hf_dir in models.items():
+        ref = MegatronActor(hf_dir, cfg, trainable=False)
+        ids = tokens(ref.hf_config.vocab_size)
+        res = {"logits": ref.full_logits(ids, 2), **ref.logprobs(ids, micro_batch_size=2),
+               "logprobs_t2": ref.logprobs(ids, temperature=2.0)["logprobs"],
+               "exported": {k: v.clone() for k, v in ref.export_hf()}}
+        res["saved_hf"] = ref.save_hf(os.path.join(work, f"{arch}-exported-tp{tp}pp{pp}"))
+        if load_from:
+            actor = MegatronActor(hf_dir, cfg)
+            actor.load_checkpoint(os.path.join(load_from, arch))
+            res["loaded_logits"] = actor.full_logits(ids, 2)
+        out[arch] = res
+    return out
+
+
+def training_job(models: dict, work: str) -> dict:
+    """TP=2: an uninterrupted run of TRAIN_STEPS steps saving at SAVE_AT, then a fresh actor
+    resumed from that checkpoint running the remaining steps; and the critic's values and update."""
+    platform.init_distributed(tp=2, pp=1, seed=0)
+    cfg = make_config(2, 1, 2)
+    out = {}
+    for arch, hf_dir in models.items():
+        root = os.path.join(work, arch)
+        actor = MegatronActor(hf_dir, cfg)
+        ids = tokens(actor.hf_config.vocab_size, seed=1)
+        first = train(actor, range(SAVE_AT), ids)
+        actor.save_checkpoint(root, SAVE_AT, {"horizon_stage": 1, "data_position": 17})
+        rest = train(actor, range(SAVE_AT, TRAIN_STEPS), ids)
+        final = {k: v.clone() for k, v in actor.export_hf()}
+        del actor
+        resumed = MegatronActor(hf_dir, cfg)
+        trainer_state = resumed.load_checkpoint(root)
+        saved_logits = resumed.full_logits(tokens(resumed.hf_config.vocab_size), 2)
+        resumed_rest = train(resumed, range(SAVE_AT, TRAIN_STEPS), ids)
+        resumed_final = {k: v.clone() for k, v in resumed.export_hf()}
+        del resumed
+        critic = MegatronCritic(hf_dir, cfg)
+        before = critic.values(ids)
+        returns = torch.linspace(-1, 1, ids.shape[1]).expand_as(ids)
+        critic_metrics = [critic.update({"input_ids": ids, "returns": returns}, value_loss, 2)
+                          for _ in range(3)]
+        out[arch] = {"history": first + rest, "resumed_history": resumed_rest, "final": final,
+                     "resumed_final": resumed_final, "trainer_state": trainer_state,
+                     "saved_logits": saved_logits, "values_before": before, "values_after": critic.values(ids),
+                     "critic_losses": [m["loss"] for m in critic_metrics]}
+    return out
+
+
+def value_loss(values, mb):
+    return ((values - mb["returns"]) ** 2).mean(), {}
+
+
+def kill_during_save(hf_dir: str, root: str) -> None:
+    """One rank builds an actor and starts saving the next checkpoint into ``root``; its process
+    group (it and dist_checkpointing's writer helper) is SIGKILLed after dist_checkpointing wrote
+    the files and before the checkpoint is committed. Run it with ``start_new_session=True``."""
+    from megatron.core import dist_checkpointing
+
+    real_save = dist_checkpointing.save
+
+    def save_then_die(*args, **kwargs):
+        real_save(*args, **kwargs)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    dist_checkpointing.save = save_then_die
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port()))
+    platform.init_distributed(tp=1, pp=1, seed=0)
+    actor = MegatronActor(hf_dir, make_config(1, 1, 1))
+    actor.save_checkpoint(root, SAVE_AT + 1, {})
+
+
+if __name__ == "__main__":
+    kill_during_save(sys.argv[1], sys.argv[2])

@@ -1,0 +1,100 @@
+"""The mapping tables and tensor-parallel layouts, without any process group."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen2Config
+
+from agentgym_mega.models import gpt, mapping, weights
+from agentgym_mega.models.mapping import MappingError
+
+GEO = mapping.Geometry(hidden=8, heads=4, kv_heads=2, head_dim=2, ffn=6, vocab=10, padded_vocab=12, layers=1)
+
+
+def _hf_tensors(rule):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(GEO.hf_shape(name), generator=g) for name in rule.hf]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen2ForCausalLM"])
+def test_every_rule_round_trips_bitwise_through_tp_shards(arch, tp):
+    for rule in mapping.ARCHITECTURES[arch].rules:
+        rule = rule.at(0)
+        full = _hf_tensors(rule)
+        shards = [mapping.to_megatron(rule, full, GEO, r, tp) for r in range(tp)]
+        assert all(s.shape == shards[0].shape for s in shards)
+        back = mapping.to_hf(rule, shards, GEO)
+        assert len(back) == len(full)
+        assert all(torch.equal(a, b) for a, b in zip(full, back)), rule.megatron
+
+
+def test_qkv_is_interleaved_per_query_group_and_split_by_group():
+    rule = mapping.ARCHITECTURES["Qwen2ForCausalLM"].rules[-3].at(0)
+    assert rule.megatron.endswith("linear_qkv.bias")
+    # Bias rows labelled by head: q heads 0-3 (two per group), k/v heads 0-1 (one per group).
+    q = torch.tensor([10, 10, 11, 11, 12, 12, 13, 13.0])
+    k = torch.tensor([20, 20, 21, 21.0])
+    v = torch.tensor([30, 30, 31, 31.0])
+    rank0, rank1 = (mapping.to_megatron(rule, [q, k, v], GEO, r, 2) for r in range(2))
+    assert rank0.tolist() == [10, 10, 11, 11, 20, 20, 30, 30]  # group 0: q0 q1 k0 v0
+    assert rank1.tolist() == [12, 12, 13, 13, 21, 21, 31, 31]  # group 1: q2 q3 k1 v1
+
+
+def test_vocab_rows_are_padded_then_split_and_unpadded_on_export():
+    rule = mapping.ARCHITECTURES["LlamaForCausalLM"].rules[0]
+    emb = torch.randn(GEO.vocab, GEO.hidden)
+    shards = [mapping.to_megatron(rule, [emb], GEO, r, 2) for r in range(2)]
+    assert [s.shape[0] for s in shards] == [6, 6]
+    assert torch.all(shards[1][4:] == 0)  # the two padded rows
+    assert torch.equal(mapping.to_hf(rule, shards, GEO)[0], emb)
+
+
+def test_tied_head_reads_the_embedding_and_is_not_exported():
+    tied = Qwen2Config(architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True)
+    head = [r for r in mapping.rules(tied) if r.megatron == "output_layer.weight"][0]
+    assert head.hf == ("model.embed_tokens.weight",) and not head.exported
+    untied = LlamaConfig(architectures=["LlamaForCausalLM"], tie_word_embeddings=False)
+    head = [r for r in mapping.rules(untied) if r.megatron == "output_layer.weight"][0]
+    assert head.hf == ("lm_head.weight",) and head.exported
+
+
+def test_te_spec_names_the_fused_norms():
+    config = LlamaConfig(architectures=["LlamaForCausalLM"])
+    names = {r.megatron for r in mapping.rules(config, te_spec=True)}
+    assert "decoder.layers.{i}.self_attention.linear_qkv.layer_norm_weight" in names
+    assert "decoder.layers.{i}.mlp.linear_fc1.layer_norm_weight" in names
+
+
+def test_unsupported_architecture_and_rope_are_refused_by_name():
+    with pytest.raises(MappingError, match="GPT2LMHeadModel.*supported: LlamaForCausalLM, Qwen2ForCausalLM"):
+        mapping.architecture(LlamaConfig(architectures=["GPT2LMHeadModel"]))
+    odd = LlamaConfig(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                                       "low_freq_factor": 2.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 8192})
+    with pytest.raises(MappingError, match="low_freq_factor"):
+        gpt.rope_settings(odd)
+    assert gpt.rope_settings(LlamaConfig(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 32.0,
+                                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                          "original_max_position_embeddings": 8192})) == {
+        "rotary_base": 5e5, "rope_scaling": True, "rope_scaling_factor": 32.0}
+
+
+def test_padded_vocab_is_a_fixed_multiple_shared_by_tp_sizes():
+    assert gpt.padded_vocab_size(509, 1) == gpt.padded_vocab_size(509, 2) == 512
+    assert gpt.padded_vocab_size(152064, 8) == 152064  # Qwen2.5: no padding
+    assert gpt.padded_vocab_size(130, 3) == 384  # a multiple of both 128 and 3
+
+
+def test_hf_checkpoint_names_missing_and_misshapen_tensors(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"model.norm.weight": torch.ones(GEO.hidden), "model.embed_tokens.weight": torch.ones(3, 3)},
+              str(tmp_path / "model.safetensors"))
+    source = weights.HFCheckpoint(str(tmp_path), GEO)
+    assert torch.equal(source.get("model.norm.weight"), torch.ones(GEO.hidden))
+    with pytest.raises(MappingError, match=r"model.embed_tokens.weight: shape \(3, 3\).*implies \(10, 8\)"):
+        source.get("model.embed_tokens.weight")
+    with pytest.raises(MappingError, match="lm_head.weight: missing"):
+        source.get("lm_head.weight")
+    with pytest.raises(MappingError, match="no model.safetensors"):
+        weights.HFCheckpoint(str(tmp_path / "nowhere"), GEO)
