@@ -162,7 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Speed is measured here, never in tests. Each benchmark prints its figures and, with\n"
             "--json PATH, writes them as JSON. Timings on shared CPU machines are indicative.\n"
             "  train     forward+backward tokens/s: megatron actor at TP=1 and TP=2 vs transformers\n"
-            "  rollout   generation tokens/s through the engine wrapper vs vLLM called directly"
+            "  rollout   generation tokens/s through the engine wrapper vs vLLM called directly\n"
+            "  sync      weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity"
         ),
     )
     benches = p.add_subparsers(dest="bench", required=True, metavar="<benchmark>")
@@ -194,6 +195,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=int, default=5)
     b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.rollout").run(
         a.model, a.prompts, a.prompt_len, a.max_tokens, a.rounds))
+    b = benches.add_parser(
+        "sync", formatter_class=fmt,
+        help="weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity",
+        description=(
+            "Streams a ~104M-parameter Qwen2 from megatron-core ranks (gathered over TP) into a vLLM\n"
+            "engine that started from different weights, then measures the raw ZMQ rate of the same\n"
+            "bytes between two processes, and compares vLLM's log-probs with the trainer's.\n"
+            "Reports params, bytes, seconds, gbps, ceiling_gbps and the log-prob differences."
+        ),
+    )
+    b.add_argument("--json", help="write the report here")
+    b.add_argument("--tp", type=int, default=2, help="trainer tensor-parallel size (ranks)")
+    b.add_argument("--bucket-mb", type=int, default=64, help="bucket size in MiB")
+    b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.sync").run(a.tp, a.bucket_mb))
     p.set_defaults(func=_cmd_bench)
     return parser
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 
 from safetensors import safe_open
 
@@ -63,6 +64,7 @@ class VLLMWeightLoader:
             if got != version:
                 raise SyncError(f"expected weights version {version}, the trainer sent {got}")
             check_complete(self._agm_shapes, tensors)
+            start = time.perf_counter()
             # vLLM's own in-place reload: its loaders fuse QKV / gate-up, shard for TP and redo
             # any post-load processing (e.g. CPU weight packing).
             self.reload_weights(weights_iterator=iter(tensors))
@@ -71,6 +73,6 @@ class VLLMWeightLoader:
             receiver.reply(version, error=f"{type(exc).__name__}: {exc}")
             receiver.close()
             raise
-        receiver.reply(version)
+        receiver.reply(version, load_seconds=time.perf_counter() - start)
         receiver.close()
         return version

@@ -53,7 +53,9 @@ class SyncStats:
     bytes: int
     buckets: int
     receivers: int
-    seconds: float
+    seconds: float  # from every engine ready to every engine loaded
+    source_seconds: float = 0.0  # spent producing the tensors (e.g. the TP/PP gather)
+    load_seconds: float = 0.0  # slowest engine's time to swap the received tensors in
 
     @property
     def gbps(self) -> float:
@@ -64,6 +66,20 @@ class SyncStats:
 def default_address() -> str:
     """An ipc:// endpoint for engines on this node (use tcp://HOST:PORT across nodes)."""
     return f"ipc://{tempfile.gettempdir()}/agentgym-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _timed(iterable, clock: list[float]):
+    """Yields from `iterable`, adding the time spent waiting for each item to clock[0]."""
+    it = iter(iterable)
+    while True:
+        start = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        finally:
+            clock[0] += time.perf_counter() - start
+        yield item
 
 
 def _send_json(sock, identity: bytes, op: str, **payload) -> None:
@@ -110,8 +126,10 @@ class ZmqWeightSender:
     ) -> SyncStats:
         """Streams every tensor to `receivers` engines; returns once all of them acknowledged.
         `progress(bytes_sent, messages_sent)` is called after each bucket or handle."""
-        start = time.perf_counter()
         peers = [self._recv("READY")[0] for _ in range(receivers)]
+        start = time.perf_counter()
+        source = [0.0]
+        named_tensors = _timed(named_tensors, source)
         count = params = sent = messages = 0
         held = []  # CUDA IPC: engines map these tensors until they acknowledge
         try:
@@ -145,13 +163,15 @@ class ZmqWeightSender:
                 _send_json(self._sock, peer, "COMMIT", version=version, tensors=count, bytes=sent)
         except zmq.ZMQError as exc:
             raise SyncError(f"sending version {version} failed ({exc}); engines keep their previous weights") from None
+        load = 0.0
         for _ in peers:
             identity, reply = self._recv("ACK")
             if reply["op"] != "ACK":
                 raise SyncError(f"engine {identity!r} rejected version {version}: {reply.get('message')}")
+            load = max(load, reply.get("load_seconds", 0.0))
         del held
         return SyncStats(version, count, params, sent, 0 if self.cuda_ipc else messages, receivers,
-                         time.perf_counter() - start)
+                         time.perf_counter() - start, source[0], load)
 
     def close(self) -> None:
         self._sock.close(linger=0)
@@ -222,8 +242,9 @@ class ZmqWeightReceiver:
                 tensors.append((spec.name, data.view(to_dtype(spec.dtype)).view(spec.shape)))
         return version, tensors
 
-    def reply(self, version: int, error: str | None = None) -> None:
-        body = {"op": "ACK", "version": version} if error is None else {"op": "ERROR", "message": error}
+    def reply(self, version: int, error: str | None = None, load_seconds: float = 0.0) -> None:
+        body = ({"op": "ACK", "version": version, "load_seconds": load_seconds} if error is None
+                else {"op": "ERROR", "message": error})
         self._sock.send(json.dumps(body).encode())
 
     def close(self) -> None:
