@@ -41,6 +41,14 @@ def _cmd_make_tiny_model(args) -> int:
     return 0
 
 
+def _cmd_train(args) -> int:
+    from agentgym_mega.config import load_config
+    from agentgym_mega.trainer import train
+
+    train(load_config(args.config, args.overrides), resume=args.resume)
+    return 0
+
+
 def _write_json(path: str | None, report: dict) -> None:
     if path:
         with open(path, "w") as f:
@@ -110,6 +118,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the resolved YAML here instead of stdout")
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
     p.set_defaults(func=_cmd_config)
+
+    p = sub.add_parser(
+        "train", formatter_class=fmt,
+        help="run multi-turn agentic RL (GRPO/PPO/REINFORCE++/RLOO with a ScalingInter horizon)",
+        description=(
+            "Starts Ray, the environment servers (or uses env.server_urls), vLLM engines and the\n"
+            "megatron-core actor (plus reference policy and critic when configured), then loops:\n"
+            "rollout -> log-probs -> advantages -> updates -> weight sync -> log -> checkpoint.\n"
+            "Metrics go to OUTPUT_DIR/metrics.jsonl and OUTPUT_DIR/tensorboard; checkpoints to\n"
+            "OUTPUT_DIR/checkpoints (trainer.output_dir). --resume continues from the latest one."
+        ),
+    )
+    p.add_argument("--config", required=True, help="YAML config (see configs/)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in trainer.output_dir")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value")
+    p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser(
         "make-tiny-model", formatter_class=fmt,

@@ -22,6 +22,12 @@ from agentgym_mega.config import validate
 ROLES = ("actor", "ref", "critic")
 
 
+def reachable_ip() -> str:
+    """The address other processes of the job reach this node at: loopback when the Ray cluster
+    is this one machine, the node's IP on a real cluster."""
+    return "127.0.0.1" if len(ray.nodes()) == 1 else ray.util.get_node_ip_address()
+
+
 class TrainerRank:
     """One rank of the actor, the reference policy or the critic (a Ray actor's body)."""
 
@@ -30,7 +36,7 @@ class TrainerRank:
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return reachable_ip(), port
 
     def setup(self, rank: int, world: int, master: tuple[str, int], cfg: dict, hf_dir: str, role: str) -> None:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
@@ -63,6 +69,19 @@ class TrainerRank:
         algorithm = self.cfg.algorithm
         return self.worker.update(batch, lambda logp, ent, mb: actor_loss(logp, ent, mb, algorithm),
                                   temperature=temperature)
+
+    def update_values(self, batch: dict) -> dict:
+        """One optimizer step of the critic: clipped value loss against the returns."""
+        from agentgym_mega.algorithms import value_loss
+
+        algorithm = self.cfg.algorithm
+
+        def loss_fn(values, mb):
+            loss, clip_fraction = value_loss(values, mb["old_values"], mb["returns"], mb["loss_mask"],
+                                             algorithm.value_clip, algorithm.loss_agg)
+            return loss, {"value_clip_fraction": clip_fraction}
+
+        return self.worker.update(batch, loss_fn)
 
     def sync_weights(self, engines: list, version: int, bucket_bytes: int, timeout_s: float):
         """Every rank gathers; rank 0 streams to `engines` and returns the transfer stats."""
@@ -107,3 +126,54 @@ class TrainerGroup:
     def shutdown(self) -> None:
         for r in self.ranks:
             ray.kill(r)
+
+
+class Stack:
+    """Everything a run needs, started from its config: Ray, environment servers, inference
+    engines and the trainer groups (actor; reference policy when a KL term is on; critic for GAE)."""
+
+    def __init__(self, cfg):
+        from transformers import AutoTokenizer
+
+        from agentgym_mega.rollout.engines.vllm_engine import launch_remote
+        from agentgym_mega.rollout.env_client import EnvClient, start_servers
+        from agentgym_mega.rollout.manager import Task
+
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=False)
+        self.cfg = cfg
+        self.env_servers, urls = [], list(cfg.env.server_urls)
+        if not urls:
+            self.env_servers, urls = start_servers(cfg.env.name, cfg.env.workers)
+        self.env = EnvClient(urls)
+        if cfg.env.task_ids is None:
+            self.tasks = [Task(t["id"], t["category"]) for t in self.env.tasks(cfg.env.split)]
+        else:  # explicit ids keep each env's meaning (large ids too); categories where listed
+            category = {t["id"]: t["category"] for t in self.env.tasks()}
+            self.tasks = [Task(i, category.get(i, "")) for i in cfg.env.task_ids]
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        self.engines = [
+            launch_remote(cfg.model.path, tp=cfg.rollout.engine_tp, max_model_len=cfg.rollout.max_model_len,
+                          gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.trainer.seed + i)
+            for i in range(cfg.rollout.num_engines)
+        ]
+        self.actor = TrainerGroup(cfg, cfg.model.path, "actor")
+        kl_on = cfg.algorithm.kl_coef > 0
+        self.ref = TrainerGroup(cfg, cfg.model.path, "ref") if kl_on else None
+        self.critic = (TrainerGroup(cfg, cfg.model.critic_path or cfg.model.path, "critic")
+                       if cfg.algorithm.estimator == "gae" else None)
+
+    @classmethod
+    def build(cls, cfg) -> "Stack":
+        return cls(cfg)
+
+    def call_engines(self, method: str) -> None:
+        ray.get([getattr(e, method).remote() for e in self.engines])
+
+    def shutdown(self) -> None:
+        for group in (self.actor, self.ref, self.critic):
+            if group is not None:
+                group.shutdown()
+        self.env.shutdown()
+        for actor in self.engines + self.env_servers:
+            ray.kill(actor)

@@ -11,6 +11,7 @@ from agentgym_mega.algorithms.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from agentgym_mega.algorithms.estimators import compute_advantages
 from agentgym_mega.algorithms.horizon import horizon_cap
 from agentgym_mega.algorithms.losses import (
     actor_loss,
@@ -24,7 +25,7 @@ from agentgym_mega.algorithms.losses import (
 )
 
 __all__ = [
-    "actor_loss", "aggregate", "entropy_bonus", "gae", "grpo_advantages", "horizon_cap", "kl_penalty",
+    "actor_loss", "aggregate", "compute_advantages", "entropy_bonus", "gae", "grpo_advantages", "horizon_cap", "kl_penalty",
     "masked_mean", "masked_whiten", "policy_loss", "reinforce_pp_advantages", "rloo_advantages",
     "value_loss",
 ]

@@ -40,6 +40,10 @@ def init_distributed(tp: int = 1, pp: int = 1, seed: int = 0, timeout_s: float =
     from megatron.core import parallel_state
 
     cpu_megatron.enable()
+    if os.environ.get("MASTER_ADDR", "127.0.0.1").startswith("127."):
+        # All ranks on this host: keep gloo's connections on loopback too (it would otherwise
+        # use the address the hostname resolves to).
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if has_cuda():
         torch.cuda.set_device(device())
     if not dist.is_initialized():

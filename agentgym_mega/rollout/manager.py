@@ -8,6 +8,7 @@ only the observation turns in between are tokenised here, with the model's own c
 from __future__ import annotations
 
 import dataclasses
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -93,9 +94,11 @@ class RolloutManager:
         self.sampling = dataclasses.replace(sampling, stop_token_ids=stop)
         self.max_model_len = max_model_len
         self._pool = ThreadPoolExecutor(len(engines))
+        self.timings: dict[str, float] = {}  # seconds per phase of the last collect()
 
     def collect(self, tasks: list[Task], n_per_task: int, max_turns: int) -> TrajectoryBatch:
         """Runs `n_per_task` episodes of every task, each capped at `max_turns` assistant turns."""
+        self.timings = {"time/generate_s": 0.0, "time/env_s": 0.0}
         live = [_Live(task, group, i % len(self.engines))
                 for i, (group, task) in enumerate((g, t) for g, t in enumerate(tasks) for _ in range(n_per_task))]
         handles = self.env.create(len(live))
@@ -143,13 +146,18 @@ class RolloutManager:
         if not keep:
             return
         episodes, handles = [episodes[i] for i in keep], [handles[i] for i in keep]
+        start = time.perf_counter()
         generations = self._generate(episodes)
+        self.timings["time/generate_s"] += time.perf_counter() - start
         replies = []
         for ep, gen in zip(episodes, generations):
             ep.add(gen.token_ids, sampled=True, logprobs=gen.logprobs)
             ep.turns += 1
             replies.append(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True))
-        for ep, gen, result in zip(episodes, generations, self.env.step(handles, replies)):
+        start = time.perf_counter()
+        results = self.env.step(handles, replies)
+        self.timings["time/env_s"] += time.perf_counter() - start
+        for ep, gen, result in zip(episodes, generations, results):
             if "error" in result:
                 ep.status, ep.error = "env_error", result["error"]
                 continue

@@ -151,3 +151,40 @@ def test_actor_loss_combines_surrogate_entropy_and_kl():
     loss, metrics = actor_loss(logp, entropy, batch, cfg)
     torch.testing.assert_close(loss, T(-1.0))
     assert "kl" not in metrics
+
+
+def _batch(scores, groups, mask, rewards=None, values=None):
+    from agentgym_mega.rollout.batch import TrajectoryBatch
+
+    mask = T(mask)
+    n = len(scores)
+    return TrajectoryBatch(
+        input_ids=torch.zeros_like(mask, dtype=torch.long), attention_mask=torch.ones_like(mask),
+        loss_mask=mask, rollout_logprobs=torch.zeros_like(mask),
+        rewards=T(rewards) if rewards is not None else torch.zeros_like(mask),
+        group_ids=T(groups), scores=T(scores), episodes=[None] * n,
+        values=T(values) if values is not None else None,
+    )
+
+
+def test_outcome_estimators_spread_the_episode_advantage_over_its_tokens():
+    from agentgym_mega.algorithms import compute_advantages
+    from agentgym_mega.config import AlgorithmConfig
+
+    batch = _batch([1.0, 0.0], [0, 0], [[0, 1, 1], [1, 1, 0]])
+    compute_advantages(batch, AlgorithmConfig(estimator="rloo"))
+    torch.testing.assert_close(batch.advantages, T([[0.0, 1.0, 1.0], [-1.0, -1.0, 0.0]]))
+    compute_advantages(batch, AlgorithmConfig(estimator="grpo"))
+    a = 0.5 / (0.5 ** 0.5 + 1e-6)  # mean 0.5, unbiased std sqrt(0.5)
+    torch.testing.assert_close(batch.advantages, T([[0.0, a, a], [-a, -a, 0.0]]))
+
+
+def test_gae_estimator_uses_values_and_token_rewards():
+    from agentgym_mega.algorithms import compute_advantages
+    from agentgym_mega.config import AlgorithmConfig
+
+    batch = _batch([1.0], [0], [[1, 0, 1]], rewards=[[0.0, 0.0, 1.0]], values=[[0.5, 9.0, 0.25]])
+    compute_advantages(batch, AlgorithmConfig(estimator="gae", gamma=1.0, lam=1.0))
+    # t2: 1 - 0.25 = 0.75; t0: 0 + V(t2) - 0.5 = -0.25, plus 0.75 -> 0.5
+    torch.testing.assert_close(batch.advantages, T([[0.5, 0.0, 0.75]]))
+    torch.testing.assert_close(batch.returns, T([[1.0, 0.0, 1.0]]))

@@ -1,0 +1,117 @@
+"""`agentgym-mega train`: the RL loop, readable top to bottom.
+
+rollout -> old/ref log-probs -> values -> advantages -> updates -> weight sync -> log -> checkpoint
+"""
+
+from __future__ import annotations
+
+import os
+
+from tqdm import tqdm
+
+from agentgym_mega.algorithms import compute_advantages, horizon_cap
+from agentgym_mega.cluster import Stack
+from agentgym_mega.metrics import MetricsLogger, Timer, episode_metrics
+from agentgym_mega.rollout.engines import SamplingConfig
+from agentgym_mega.rollout.manager import RolloutManager
+from agentgym_mega.rollout.tasks import TaskSampler
+
+SYNC_BUCKET_BYTES = 256 << 20
+SYNC_TIMEOUT_S = 600.0
+
+
+def _update(stack: Stack, batch, cfg) -> dict:
+    """PPO epochs over mini-batches of whole task groups; one optimizer step per mini-batch."""
+    per_mini = cfg.trainer.mini_batch_size * cfg.rollout.n_per_task
+    metrics: dict[str, list[float]] = {}
+    for _ in range(cfg.trainer.ppo_epochs):
+        for mini in batch.split(len(batch) // per_mini):
+            fields = {"input_ids": mini.input_ids, "loss_mask": mini.loss_mask,
+                      "old_logprobs": mini.old_logprobs, "advantages": mini.advantages}
+            if mini.ref_logprobs is not None:
+                fields["ref_logprobs"] = mini.ref_logprobs
+            out = {f"actor/{k}": v for k, v in stack.actor.call("update_policy", fields, cfg.rollout.temperature).items()}
+            if stack.critic is not None:
+                critic_fields = {"input_ids": mini.input_ids, "loss_mask": mini.loss_mask,
+                                 "old_values": mini.values, "returns": mini.returns}
+                out |= {f"critic/{k}": v for k, v in stack.critic.call("update_values", critic_fields).items()}
+            for key, value in out.items():
+                metrics.setdefault(key, []).append(value)
+    return {key: sum(values) / len(values) for key, values in metrics.items()}
+
+
+def _save(stack: Stack, cfg, step: int, sampler: TaskSampler) -> None:
+    state = {"sampler_position": sampler.position}
+    root = os.path.join(cfg.trainer.output_dir, "checkpoints")
+    stack.actor.call("save_checkpoint", os.path.join(root, "actor"), step, state)
+    if stack.critic is not None:
+        stack.critic.call("save_checkpoint", os.path.join(root, "critic"), step, state)
+
+
+def _resume(stack: Stack, cfg) -> tuple[int, int]:
+    """Loads the latest checkpoint; returns (next step, sampler position)."""
+    root = os.path.join(cfg.trainer.output_dir, "checkpoints")
+    state = stack.actor.call("load_checkpoint", os.path.join(root, "actor"))
+    if stack.critic is not None:
+        stack.critic.call("load_checkpoint", os.path.join(root, "critic"))
+    return state["global_step"] + 1, state["sampler_position"]
+
+
+def train(cfg, resume: bool = False) -> dict:
+    """Runs cfg.trainer.total_steps steps (from the latest checkpoint with `resume`); returns the
+    last step's metrics."""
+    stack = Stack.build(cfg)
+    try:
+        start, position = _resume(stack, cfg) if resume else (1, 0)
+        if resume:  # the engines started from the HF weights: give them the checkpoint's
+            stack.actor.call("sync_weights", stack.engines, start - 1, SYNC_BUCKET_BYTES, SYNC_TIMEOUT_S)
+        sampler = TaskSampler(stack.tasks, cfg.trainer.seed, position)
+        sampling = SamplingConfig(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens_per_turn)
+        manager = RolloutManager(stack.engines, stack.env, stack.tokenizer, sampling, cfg.rollout.max_model_len)
+        logger = MetricsLogger(cfg.trainer.output_dir, cfg.logging)
+        metrics: dict = {}
+        bar = tqdm(range(start, cfg.trainer.total_steps + 1), initial=start - 1, total=cfg.trainer.total_steps,
+                   disable=not cfg.logging.progress_bar, desc="train")
+        temperature = cfg.rollout.temperature
+        for step in bar:
+            timer = Timer()
+            cap = horizon_cap(step, cfg.horizon)
+            with timer("rollout"):
+                batch = manager.collect(sampler.next(cfg.trainer.batch_size), cfg.rollout.n_per_task, cap)
+            stack.call_engines("sleep")
+            with timer("logprob"):
+                batch.old_logprobs = stack.actor.call("logprobs", batch.input_ids, temperature)["logprobs"]
+                if stack.ref is not None:
+                    batch.ref_logprobs = stack.ref.call("logprobs", batch.input_ids, temperature)["logprobs"]
+            if stack.critic is not None:
+                with timer("values"):
+                    batch.values = stack.critic.call("values", batch.input_ids)
+            compute_advantages(batch, cfg.algorithm)
+            with timer("train"):
+                train_metrics = _update(stack, batch, cfg)
+            stack.call_engines("wake")
+            with timer("sync"):
+                stack.actor.call("sync_weights", stack.engines, step, SYNC_BUCKET_BYTES, SYNC_TIMEOUT_S)
+            tokens = int(batch.attention_mask.sum())
+            metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | manager.timings
+                       | {"horizon/cap": cap, "perf/tokens_per_s": tokens / sum(timer.seconds.values()),
+                          "rollout/logprob_diff": _logprob_gap(batch)})
+            logger.log(step, metrics)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", cap=cap)
+            tqdm.write(f"step {step}: reward {metrics['reward/mean']:.3f} success "
+                       f"{metrics['reward/success_rate']:.2f} turns {metrics['episode/turns_mean']:.1f} cap {cap}")
+            if step == cfg.trainer.total_steps or (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0):
+                _save(stack, cfg, step, sampler)
+        logger.close()
+        return metrics
+    finally:
+        stack.shutdown()
+
+
+def _logprob_gap(batch) -> float:
+    """Mean |engine - trainer| log-prob on trained tokens: how far rollout and training disagree."""
+    mask = batch.loss_mask.bool()
+    if not mask.any():
+        return 0.0
+    return float((batch.rollout_logprobs - batch.old_logprobs)[mask].abs().mean())
+
