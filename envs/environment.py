@@ -39,6 +39,7 @@ class Task:
 class Kind:
     """An environment kind as the server hosts it.
 
+    `index_range`: the valid data_idx values in words, for error messages.
     `batch_threads`: how many instances of one batched request run at once. Pure-Python games
     hold the GIL, so threads only add switching (1); JVM-backed ones wait on sockets (many).
     """
@@ -46,8 +47,17 @@ class Kind:
     name: str
     make: Callable[[], Environment]
     tasks: Callable[[], list[Task]]
-    validate_idx: Callable[[int], None]
+    index_range: str
+    size: Callable[[], int | None] = lambda: None  # data_idx must be below it, when not None
     batch_threads: int = 1
+
+    def check_data_idx(self, value) -> int:
+        """data_idx must be an int (bool is no index) in range; large ids keep each env's meaning."""
+        bad_type = isinstance(value, bool) or not isinstance(value, int)
+        size = None if bad_type else self.size()
+        if bad_type or value < 0 or (size is not None and value >= size):
+            raise InvalidTask(f"data_idx={value!r} is not allowed; allowed: {self.index_range}")
+        return value
 
 
 _ACTION = re.compile(r"Action\s*:", re.IGNORECASE)
@@ -62,10 +72,3 @@ def extract_action(text: str) -> str:
     if len(parts) > 1:
         text = parts[-1].strip().split("\n", 1)[0]
     return text.strip()
-
-
-def check_data_idx(value) -> int:
-    """data_idx must be an int >= 0 (bool is no index); large ids keep each env's own meaning."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidTask(f"data_idx={value!r} is not allowed; allowed: an integer >= 0")
-    return value

@@ -11,7 +11,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from envs.environment import InstanceFailed, InvalidTask, Kind, check_data_idx, extract_action
+from envs.environment import InstanceFailed, InvalidTask, Kind, extract_action
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +122,7 @@ class InstancePool:
     # -- episodes ---------------------------------------------------------------------------
     def reset(self, instance_id, data_idx) -> dict:
         try:
-            data_idx = check_data_idx(data_idx)
-            self.kind.validate_idx(data_idx)
+            data_idx = self.kind.check_data_idx(data_idx)
         except InvalidTask as exc:
             raise BadRequest(str(exc)) from None
         with self._use(instance_id) as inst:

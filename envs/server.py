@@ -12,6 +12,7 @@ endpoint's answer or `{"error", "status"}`; one bad item never fails the others.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,7 +41,12 @@ async def _json_body(request: Request) -> dict:
 
 
 def build_app(pool: InstancePool) -> FastAPI:
-    app = FastAPI(title=f"agentgym-mega {pool.kind.name} server")
+    @contextlib.asynccontextmanager
+    async def lifespan(_):
+        yield
+        pool.shutdown()  # ends every instance (and JVM) when the server stops
+
+    app = FastAPI(title=f"agentgym-mega {pool.kind.name} server", lifespan=lifespan)
     proc = psutil.Process(os.getpid())
 
     @app.exception_handler(PoolError)
@@ -100,7 +106,6 @@ def build_app(pool: InstancePool) -> FastAPI:
         return {"env": pool.kind.name, "count": len(items),
                 "tasks": [{"id": t.id, "category": t.category, "split": t.split} for t in items]}
 
-    app.add_event_handler("shutdown", pool.shutdown)
     return app
 
 

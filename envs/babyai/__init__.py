@@ -13,8 +13,5 @@ def _tasks() -> list[Task]:
             for i in range(SEEDS_LISTED * len(LEVELS))]
 
 
-def _validate(data_idx: int) -> None:
-    """Every id >= 0 is valid: it encodes a level and an unbounded seed."""
-
-
-KIND = Kind(name="babyai", make=BabyAIEnv, tasks=_tasks, validate_idx=_validate)
+KIND = Kind(name="babyai", make=BabyAIEnv, tasks=_tasks,
+            index_range="an integer >= 0 (level = id % 40 + 1, seed = id // 40)")

@@ -40,6 +40,12 @@ class SciWorldEnv:
         self._observation = obs
         return {"observation": obs, "reward": float(reward), "score": float(info["score"]), "done": bool(done)}
 
+    def gold_actions(self, data_idx: int) -> list[str]:
+        """ScienceWorld's own solution of a task (reloads it; reset before playing)."""
+        entry = catalogue()[data_idx]
+        self._call(lambda: self._env.load(entry["task"], entry["variation"], "", generateGoldPath=True))
+        return list(self._call(self._env.get_gold_action_sequence))
+
     def observation(self) -> str:
         return self._observation
 

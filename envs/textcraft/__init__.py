@@ -12,9 +12,6 @@ def _tasks() -> list[Task]:
             for i, (_, depth) in enumerate(recipes.goals())]
 
 
-def _validate(data_idx: int) -> None:
-    """Every id >= 0 is valid: it wraps modulo the 544 goals, as in the original."""
-
-
 recipes.goals()  # load the recipe graph when the server starts, not on the first request
-KIND = Kind(name="textcraft", make=TextCraftEnv, tasks=_tasks, validate_idx=_validate)
+KIND = Kind(name="textcraft", make=TextCraftEnv, tasks=_tasks,
+            index_range=f"an integer >= 0 (ids wrap modulo the {len(recipes.goals())} goals)")

@@ -1,0 +1,1 @@
+"""Rollout: multi-turn episodes between inference engines and environment servers."""
