@@ -3,8 +3,10 @@ concurrency, through the per-request AgentGym path (one HTTP call per step, one 
 episode, as the original clients do) and through the batched path (one `/batch` call per round).
 
 Each episode is create, reset, `steps` steps, close; an episode that finishes early is reset and
-continues, so every run makes the same number of steps. The server runs as a separate process
-started through the real CLI, and its RSS is read before and after.
+continues, so every run makes the same number of steps. The clock runs from the moment every
+episode is set up until every episode has made its steps (creation, with its JVM starts or level
+generation, is not stepping). The server runs as a separate process started through the real CLI,
+and its RSS is read before and after.
 """
 
 from __future__ import annotations
@@ -50,23 +52,25 @@ def _per_request(url: str, env: str, concurrency: int, steps: int) -> dict:
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
-    start = threading.Barrier(concurrency + 1)
+    phase = threading.Barrier(concurrency + 1)  # all set up / all stepped: the clock runs between
 
     def episode(k: int) -> None:
         session = requests.Session()
         own: list[float] = []
-        start.wait()
         try:
             iid = session.post(f"{url}/create").json()["id"]
             session.post(f"{url}/reset", json={"id": iid, "data_idx": k})
+            phase.wait()
             for s in range(steps):
                 t = time.perf_counter()
                 out = session.post(f"{url}/step", json={"id": iid, "action": actions[s % len(actions)]}).json()
                 own.append(time.perf_counter() - t)
                 if out.get("done"):
                     session.post(f"{url}/reset", json={"id": iid, "data_idx": k})
+            phase.wait()
             session.post(f"{url}/close", json={"id": iid})
-        except (requests.RequestException, KeyError, ValueError):
+        except (requests.RequestException, KeyError, ValueError, threading.BrokenBarrierError):
+            phase.abort()
             with lock:
                 errors[0] += 1
         with lock:
@@ -75,22 +79,29 @@ def _per_request(url: str, env: str, concurrency: int, steps: int) -> dict:
     threads = [threading.Thread(target=episode, args=(k,)) for k in range(concurrency)]
     for t in threads:
         t.start()
-    start.wait()
-    t0 = time.perf_counter()
+    t0 = t1 = time.perf_counter()
+    try:
+        phase.wait()
+        t0 = time.perf_counter()
+        phase.wait()
+        t1 = time.perf_counter()
+    except threading.BrokenBarrierError:
+        errors[0] += 1
     for t in threads:
         t.join()
-    return _stats("per_request", concurrency, len(latencies), time.perf_counter() - t0, latencies, errors[0])
+    return _stats("per_request", concurrency, len(latencies), t1 - t0, latencies, errors[0])
 
 
 def _batched(url: str, env: str, concurrency: int, steps: int) -> dict:
     actions = ACTIONS[env]
     client = EnvClient([url])
     latencies, errors, done_steps = [], 0, 0
-    t0 = time.perf_counter()
+    t0 = t1 = time.perf_counter()
     try:
         handles = client.create(concurrency)
         idxs = list(range(concurrency))
         client.reset(handles, idxs)
+        t0 = time.perf_counter()
         for s in range(steps):
             t = time.perf_counter()
             results = client.step(handles, [actions[s % len(actions)]] * concurrency)
@@ -100,12 +111,13 @@ def _batched(url: str, env: str, concurrency: int, steps: int) -> dict:
             finished = [i for i, r in enumerate(results) if r.get("done")]
             if finished:
                 client.reset([handles[i] for i in finished], [idxs[i] for i in finished])
+        t1 = time.perf_counter()
         client.close(handles)
     except EnvServerError:
         errors += 1
     finally:
         client.shutdown()
-    return _stats("batched", concurrency, done_steps, time.perf_counter() - t0, latencies, errors)
+    return _stats("batched", concurrency, done_steps, t1 - t0, latencies, errors)
 
 
 def _rss(url: str) -> int:

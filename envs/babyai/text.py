@@ -33,6 +33,7 @@ class BabyAIEnv:
         self._level = None
         self._visible: dict[str, tuple[int, int]] = {}  # object name in the last observation -> cell
         self._observation = ""
+        self._view = None  # (grid, visibility) of the agent's current view, from minigrid
 
     @property
     def minigrid_env(self):
@@ -44,7 +45,9 @@ class BabyAIEnv:
         if level != self._level:
             self.close()
             self._env, self._level = levels.make(level), level
+            self._keep_views(self._env)
         self._env.reset(seed=seed)
+        self._env.gen_obs_grid()  # some levels change the grid after their reset's view (e.g. start carrying)
         self._observation = self._describe()
         return {"observation": self._observation, "reward": 0.0, "score": 0.0, "done": False}
 
@@ -69,6 +72,17 @@ class BabyAIEnv:
 
     def observation(self) -> str:
         return self._observation
+
+    def _keep_views(self, env) -> None:
+        """minigrid computes the agent's view at the end of every step (the costliest part of a
+        step); keep it so the text observation does not compute it a second time."""
+        compute = env.gen_obs_grid
+
+        def gen_obs_grid(agent_view_size=None):
+            self._view = compute(agent_view_size)
+            return self._view
+
+        env.gen_obs_grid = gen_obs_grid
 
     def close(self) -> None:
         if self._env is not None:
@@ -135,25 +149,25 @@ class BabyAIEnv:
     # -- observation ------------------------------------------------------------------------
     def _describe(self) -> str:
         env = self._env
-        _, vis = env.gen_obs_grid()
+        view, vis = self._view
         size = env.agent_view_size
-        seen = []  # (forward, lateral, name, cell)
+        ax, ay = int(env.agent_pos[0]), int(env.agent_pos[1])
+        fx, fy = DIR_TO_VEC[env.agent_dir]
+        rx, ry = -fy, fx  # the agent's right, as minigrid's right_vec
+        seen = []  # (forward, |lateral|, lateral, name, absolute cell)
         wall_ahead = None
-        top_x, top_y, bot_x, bot_y = env.get_view_exts()
-        for x in range(max(top_x, 0), min(bot_x, env.width)):
-            for y in range(max(top_y, 0), min(bot_y, env.height)):
-                view = env.relative_coords(x, y)
-                if view is None or not vis[view[0], view[1]]:
+        for vy in range(size):
+            for vx in range(size):
+                forward, lateral = size - 1 - vy, vx - size // 2
+                obj = view.get(vx, vy)
+                if obj is None or not vis[vx, vy] or (forward == 0 and lateral == 0):  # 0,0: what it carries
                     continue
-                obj = env.grid.get(x, y)
-                if obj is None:
-                    continue
-                forward, lateral = size - 1 - view[1], view[0] - size // 2
                 if obj.type == "wall":
                     if lateral == 0 and (wall_ahead is None or forward < wall_ahead):
                         wall_ahead = forward
                 elif obj.type in PICKABLE or obj.type == "door":
-                    seen.append((forward, abs(lateral), lateral, _name(obj), (x, y)))
+                    cell = (ax + forward * fx + lateral * rx, ay + forward * fy + lateral * ry)
+                    seen.append((forward, abs(lateral), lateral, _name(obj), cell))
         seen.sort()
         counts = collections.Counter()
         self._visible = {}
