@@ -1,11 +1,12 @@
-"""SciWorld on ScienceWorld: gold solutions reach 100, one JVM per instance that close ends, and a
-dead JVM fails only its own instance."""
+"""SciWorld on ScienceWorld: steps score as ScienceWorld's own step, gold solutions reach 100, one
+JVM per instance that close ends, and a dead JVM fails only its own instance."""
 
 import pytest
 import requests
+from scienceworld import ScienceWorldEnv
 
 from envs.sciworld import KIND
-from envs.sciworld.env import SciWorldEnv
+from envs.sciworld.env import STEP_LIMIT, SciWorldEnv
 from envs.sciworld.tasks import EXCLUDED, catalogue
 from tests.envs.conftest import running
 
@@ -22,6 +23,26 @@ def test_catalogue_is_flat_task_variation_list_without_the_excluded_types():
     assert len({e["task_id"] for e in entries}) == 30 - len(EXCLUDED)
     assert entries[0] == {"task": "boil", "task_id": "1-1", "variation": 0, "split": "train"}
     assert {t.split for t in KIND.tasks()} == {"train", "dev", "test"}
+
+
+@pytest.mark.slow
+def test_steps_match_scienceworlds_own_step():
+    ours, reference = SciWorldEnv(), ScienceWorldEnv(envStepLimit=STEP_LIMIT)
+    try:
+        idx = _first("4-2")
+        entry = catalogue()[idx]
+        gold = ours.gold_actions(idx)
+        ours.reset(idx)
+        reference.load(entry["task"], entry["variation"], "")
+        reference.reset()
+        for action in ["look around", "xyzzy", *gold]:
+            obs, reward, done, info = reference.step(action)
+            mine = ours.step(action)
+            assert mine["observation"].startswith(obs)
+            assert (mine["reward"], mine["score"], mine["done"]) == (reward, info["score"], done)
+    finally:
+        ours.close()
+        reference.close()
 
 
 @pytest.mark.slow
