@@ -9,6 +9,7 @@ import re
 import sys
 
 from agentgym_mega.config import ConfigError
+from envs import KINDS
 
 EXIT_BAD_INPUT = 2
 
@@ -69,11 +70,46 @@ def _cmd_doctor(args) -> int:
     return 1 if failed else 0
 
 
+def _cmd_env_server(args) -> int:
+    from envs.server import make_server
+
+    server = make_server(args.env, args.host, args.port, args.max_instances, args.idle_timeout)
+    print(f"serving {args.env} on http://{args.host}:{args.port} (max {args.max_instances} instances, "
+          f"idle timeout {args.idle_timeout:g} s)", file=sys.stderr, flush=True)
+    server.run()
+    return 0
+
+
 def _cmd_bench(args) -> int:
     report = args.run(args)
     _write_json(args.json, report)
-    print(json.dumps({k: v for k, v in report.items() if not isinstance(v, (dict, list))}, indent=2))
+    print(json.dumps(report, indent=2))
     return 0
+
+
+def _bounded(kind, low, what: str):
+    """An argparse type: `kind` parsed and at least `low` (> `low` for floats), else exit 2."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value < low or (kind is float and value == low):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+    return parse
+
+
+def _port(text: str) -> int:
+    port = _bounded(int, 1, "a port in 1-65535")(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port in 1-65535")
+    return port
+
+
+def _concurrency(text: str) -> list[int]:
+    parse = _bounded(int, 1, "a comma list of integers >= 1, e.g. 1,16,64,256")
+    return [parse(item.strip()) for item in text.split(",")]
 
 
 def _checks(text: str) -> list[str]:
@@ -180,6 +216,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser(
+        "env-server", formatter_class=fmt,
+        help="serve one environment kind (textcraft, babyai, sciworld) over HTTP",
+        description=(
+            "Hosts many instances of one environment in one process behind the AgentGym HTTP\n"
+            "protocol (POST /create, /reset, /step, /close; GET /observation), so existing\n"
+            "AgentGym clients work unchanged, plus POST /batch (many operations in one round trip),\n"
+            "GET /health and GET /tasks. A step's action may be a whole model reply: the text after\n"
+            "its last `Action:` is used. Past --max-instances, /create answers 503 (server full);\n"
+            "instances idle for --idle-timeout seconds are closed (a SciWorld JVM is ended)."
+        ),
+    )
+    p.add_argument("--env", required=True, choices=KINDS, help="environment kind to serve")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=36001, help="port to bind (default 36001)")
+    p.add_argument("--max-instances", type=_bounded(int, 1, "an integer >= 1"), default=512,
+                   help="cap on live instances (default 512)")
+    p.add_argument("--idle-timeout", type=_bounded(float, 0, "a number of seconds > 0"), default=600.0,
+                   help="close instances unused for this many seconds (default 600)")
+    p.set_defaults(func=_cmd_env_server)
+
+    p = sub.add_parser(
         "bench", formatter_class=fmt,
         help="benchmarks; each prints its figures and writes a JSON report",
         description=(
@@ -187,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--json PATH, writes them as JSON. Timings on shared CPU machines are indicative.\n"
             "  train     forward+backward tokens/s: megatron actor at TP=1 and TP=2 vs transformers\n"
             "  rollout   generation tokens/s through the engine wrapper vs vLLM called directly\n"
-            "  sync      weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity"
+            "  sync      weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity\n"
+            "  env       environment server steps/s and latency, per-request vs batched"
         ),
     )
     benches = p.add_subparsers(dest="bench", required=True, metavar="<benchmark>")
@@ -233,6 +291,25 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tp", type=int, default=2, help="trainer tensor-parallel size (ranks)")
     b.add_argument("--bucket-mb", type=int, default=64, help="bucket size in MiB")
     b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.sync").run(a.tp, a.bucket_mb))
+    b = benches.add_parser(
+        "env", formatter_class=fmt,
+        help="environment server throughput, per-request vs batched",
+        description=(
+            "Starts an env server through this CLI and, for each concurrency, runs that many\n"
+            "episodes (create, reset, --steps steps, close) through the per-request AgentGym path\n"
+            "(one HTTP call per step, one client thread per episode) and through the batched path\n"
+            "(one /batch call per round). Reports steps/s and p50/p99 step latency per concurrency\n"
+            "and path, the server's RSS before and after, and the batched/per-request ratio.\n"
+            "SciWorld starts one JVM (~200 MB) per episode: keep its concurrency small."
+        ),
+    )
+    b.add_argument("--env", required=True, choices=KINDS, help="environment kind to measure")
+    b.add_argument("--concurrency", type=_concurrency, default=[1, 16, 64, 256],
+                   help="comma list of concurrent episodes (default 1,16,64,256)")
+    b.add_argument("--steps", type=_bounded(int, 1, "an integer >= 1"), default=20, help="steps per episode")
+    b.add_argument("--json", help="write the report here")
+    b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.env").bench_env(
+        a.env, a.concurrency, a.steps))
     p.set_defaults(func=_cmd_bench)
     return parser
 

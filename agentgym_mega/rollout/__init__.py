@@ -1,1 +1,1 @@
-"""Generation side of the loop: inference engines, and (later) the multi-turn rollout manager."""
+"""Rollout: multi-turn episodes between inference engines and environment servers."""

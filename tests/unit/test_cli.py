@@ -5,7 +5,7 @@ import pytest
 from agentgym_mega.cli import build_parser
 from tests.conftest import run_cli
 
-SUBCOMMANDS = ["config", "make-tiny-model", "doctor", "bench"]
+SUBCOMMANDS = ["config", "make-tiny-model", "doctor", "env-server", "bench", "train"]
 
 
 def test_top_level_help_lists_every_subcommand():
@@ -31,6 +31,13 @@ def test_parser_registers_exactly_the_documented_subcommands():
     (["doctor", "--checks", "megatron,gpu"], "unknown check"),
     (["doctor", "--layouts", "tp2,xx3"], "expected tpN, ppN or dpN"),
     (["nonsense"], "invalid choice"),
+    (["env-server", "--env", "minecraft"], "invalid choice"),
+    (["env-server", "--env", "babyai", "--port", "70000"], "not a port in 1-65535"),
+    (["env-server", "--env", "babyai", "--max-instances", "0"], "not an integer >= 1"),
+    (["env-server", "--env", "babyai", "--idle-timeout", "-5"], "not a number of seconds > 0"),
+    (["bench", "env", "--env", "textcraft", "--concurrency", "1,x"], "comma list of integers >= 1"),
+    (["bench", "env", "--env", "textcraft", "--concurrency", "0"], "comma list of integers >= 1"),
+    (["bench", "nothing"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2(args, message):
     result = run_cli(*args)

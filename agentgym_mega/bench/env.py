@@ -1,0 +1,152 @@
+"""`agentgym-mega bench env`: steps per second and step latency of one environment server, per
+concurrency, through the per-request AgentGym path (one HTTP call per step, one client thread per
+episode, as the original clients do) and through the batched path (one `/batch` call per round).
+
+Each episode is create, reset, `steps` steps, close; an episode that finishes early is reset and
+continues, so every run makes the same number of steps. The clock runs from the moment every
+episode is set up until every episode has made its steps (creation, with its JVM starts or level
+generation, is not stepping). The server runs as a separate process started through the real CLI,
+and its RSS is read before and after.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import requests
+
+from agentgym_mega.rollout.env_client import EnvClient, EnvServerError, wait_healthy
+
+# Actions that exercise each game without solving it quickly.
+ACTIONS = {
+    "textcraft": ["inventory", "get 1 oak log", "craft 4 oak planks using 1 oak log"],
+    "babyai": ["turn left", "move forward", "turn right", "check available actions"],
+    "sciworld": ["look around", "inventory"],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stats(path: str, concurrency: int, steps: int, wall: float, latencies: list[float], errors: int) -> dict:
+    lat = np.array(latencies) * 1000
+    return {
+        "path": path, "concurrency": concurrency, "steps": steps, "wall_s": round(wall, 3),
+        "steps_per_s": round(steps / wall, 1),
+        "step_latency_p50_ms": round(float(np.percentile(lat, 50)), 2),
+        "step_latency_p99_ms": round(float(np.percentile(lat, 99)), 2),
+        "errors": errors,
+    }
+
+
+def _per_request(url: str, env: str, concurrency: int, steps: int) -> dict:
+    actions = ACTIONS[env]
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    phase = threading.Barrier(concurrency + 1)  # all set up / all stepped: the clock runs between
+
+    def episode(k: int) -> None:
+        session = requests.Session()
+        own: list[float] = []
+        try:
+            iid = session.post(f"{url}/create").json()["id"]
+            session.post(f"{url}/reset", json={"id": iid, "data_idx": k})
+            phase.wait()
+            for s in range(steps):
+                t = time.perf_counter()
+                out = session.post(f"{url}/step", json={"id": iid, "action": actions[s % len(actions)]}).json()
+                own.append(time.perf_counter() - t)
+                if out.get("done"):
+                    session.post(f"{url}/reset", json={"id": iid, "data_idx": k})
+            phase.wait()
+            session.post(f"{url}/close", json={"id": iid})
+        except (requests.RequestException, KeyError, ValueError, threading.BrokenBarrierError):
+            phase.abort()
+            with lock:
+                errors[0] += 1
+        with lock:
+            latencies.extend(own)
+
+    threads = [threading.Thread(target=episode, args=(k,)) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    t0 = t1 = time.perf_counter()
+    try:
+        phase.wait()
+        t0 = time.perf_counter()
+        phase.wait()
+        t1 = time.perf_counter()
+    except threading.BrokenBarrierError:
+        errors[0] += 1
+    for t in threads:
+        t.join()
+    return _stats("per_request", concurrency, len(latencies), t1 - t0, latencies, errors[0])
+
+
+def _batched(url: str, env: str, concurrency: int, steps: int) -> dict:
+    actions = ACTIONS[env]
+    client = EnvClient([url])
+    latencies, errors, done_steps = [], 0, 0
+    t0 = t1 = time.perf_counter()
+    try:
+        handles = client.create(concurrency)
+        idxs = list(range(concurrency))
+        client.reset(handles, idxs)
+        t0 = time.perf_counter()
+        for s in range(steps):
+            t = time.perf_counter()
+            results = client.step(handles, [actions[s % len(actions)]] * concurrency)
+            latencies.append(time.perf_counter() - t)
+            errors += sum("error" in r for r in results)
+            done_steps += sum("error" not in r for r in results)
+            finished = [i for i, r in enumerate(results) if r.get("done")]
+            if finished:
+                client.reset([handles[i] for i in finished], [idxs[i] for i in finished])
+        t1 = time.perf_counter()
+        client.close(handles)
+    except EnvServerError:
+        errors += 1
+    finally:
+        client.shutdown()
+    return _stats("batched", concurrency, done_steps, t1 - t0, latencies, errors)
+
+
+def _rss(url: str) -> int:
+    return requests.get(f"{url}/health", timeout=30).json()["rss_bytes"]
+
+
+def bench_env(env: str, concurrencies: list[int], steps: int = 20) -> dict:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "agentgym_mega.cli", "env-server", "--env", env, "--port", str(port),
+         "--max-instances", str(2 * max(concurrencies) + 16)],
+    )
+    try:
+        wait_healthy(url)
+        report = {"env": env, "steps_per_episode": steps, "server_rss_before_bytes": _rss(url), "results": []}
+        for c in concurrencies:
+            for run in (_per_request, _batched):
+                row = run(url, env, c, steps)
+                report["results"].append(row)
+                print(f"{env} c={c:<4} {row['path']:<12} {row['steps_per_s']:>9.1f} steps/s  "
+                      f"p50 {row['step_latency_p50_ms']:>8.2f} ms  p99 {row['step_latency_p99_ms']:>8.2f} ms  "
+                      f"errors {row['errors']}", flush=True)
+        report["server_rss_after_bytes"] = _rss(url)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    speed = {(r["concurrency"], r["path"]): r["steps_per_s"] for r in report["results"]}
+    report["batched_over_per_request"] = {
+        str(c): round(speed[(c, "batched")] / speed[(c, "per_request")], 2) for c in concurrencies
+    }
+    return report

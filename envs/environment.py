@@ -1,0 +1,74 @@
+"""What every environment kind provides to the common server: episodes behind one small interface,
+a task catalogue with the original id semantics, and how the server should parse actions."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Callable, Protocol
+
+
+class InvalidTask(ValueError):
+    """A data_idx the environment cannot load; the message names the valid range."""
+
+
+class InstanceFailed(RuntimeError):
+    """The instance is unusable (e.g. its JVM died); only closing it helps."""
+
+
+class Environment(Protocol):
+    """One episode at a time. reset/step return dicts with at least observation, reward, done."""
+
+    def reset(self, data_idx: int) -> dict: ...
+
+    def step(self, action: str) -> dict: ...
+
+    def observation(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    id: int
+    category: str
+    split: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """An environment kind as the server hosts it.
+
+    `index_range`: the valid data_idx values in words, for error messages.
+    `batch_threads`: how many instances of one batched request run at once. Pure-Python games
+    hold the GIL, so threads only add switching (1); JVM-backed ones wait on sockets (many).
+    """
+
+    name: str
+    make: Callable[[], Environment]
+    tasks: Callable[[], list[Task]]
+    index_range: str
+    size: Callable[[], int | None] = lambda: None  # data_idx must be below it, when not None
+    batch_threads: int = 1
+
+    def check_data_idx(self, value) -> int:
+        """data_idx must be an int (bool is no index) in range; large ids keep each env's meaning."""
+        bad_type = isinstance(value, bool) or not isinstance(value, int)
+        size = None if bad_type else self.size()
+        if bad_type or value < 0 or (size is not None and value >= size):
+            raise InvalidTask(f"data_idx={value!r} is not allowed; allowed: {self.index_range}")
+        return value
+
+
+_ACTION = re.compile(r"Action\s*:", re.IGNORECASE)
+
+
+def extract_action(text: str) -> str:
+    """The action in a model reply: what follows the last `Action:`, first line only, trimmed.
+
+    Original AgentGym clients send the action bare (`get 1 oak log`), which passes unchanged.
+    """
+    parts = _ACTION.split(text)
+    if len(parts) > 1:
+        text = parts[-1].strip().split("\n", 1)[0]
+    return text.strip()

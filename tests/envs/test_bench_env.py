@@ -1,0 +1,20 @@
+"""`agentgym-mega bench env` runs both paths against a real server and writes its report."""
+
+import json
+
+from tests.conftest import run_cli
+
+
+def test_bench_env_writes_both_paths_and_rss(tmp_path):
+    out = tmp_path / "bench.json"
+    result = run_cli("bench", "env", "--env", "textcraft", "--concurrency", "1,4", "--steps", "3",
+                     "--json", str(out), timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    rows = {(r["concurrency"], r["path"]): r for r in report["results"]}
+    assert set(rows) == {(1, "per_request"), (1, "batched"), (4, "per_request"), (4, "batched")}
+    for (c, _), row in rows.items():
+        assert row["steps"] == 3 * c and row["errors"] == 0
+        assert row["steps_per_s"] > 0 and 0 < row["step_latency_p50_ms"] <= row["step_latency_p99_ms"]
+    assert report["server_rss_before_bytes"] > 0 and report["server_rss_after_bytes"] > 0
+    assert set(report["batched_over_per_request"]) == {"1", "4"}
