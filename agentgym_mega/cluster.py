@@ -157,6 +157,7 @@ class Stack:
                           gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.trainer.seed + i)
             for i in range(cfg.rollout.num_engines)
         ]
+        ray.get([e.health.remote() for e in self.engines])  # started before the first step's clock
         self.actor = TrainerGroup(cfg, cfg.model.path, "actor")
         kl_on = cfg.algorithm.kl_coef > 0
         self.ref = TrainerGroup(cfg, cfg.model.path, "ref") if kl_on else None
