@@ -10,7 +10,6 @@ share. Weight sync runs inside the ranks: all of them gather HF tensors from the
 from __future__ import annotations
 
 import os
-import socket
 
 import ray
 import torch
@@ -18,25 +17,18 @@ import torch.distributed as dist
 
 from agentgym_mega import platform
 from agentgym_mega.config import validate
+from agentgym_mega.network import free_port, reachable_ip
 
 ROLES = ("actor", "ref", "critic")
-
-
-def reachable_ip() -> str:
-    """The address other processes of the job reach this node at: loopback when the Ray cluster
-    is this one machine, the node's IP on a real cluster."""
-    return "127.0.0.1" if len(ray.nodes()) == 1 else ray.util.get_node_ip_address()
 
 
 class TrainerRank:
     """One rank of the actor, the reference policy or the critic (a Ray actor's body)."""
 
     def node_address(self) -> tuple[str, int]:
-        """This node's IP and a free port, for rank 0 to host the rendezvous."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return reachable_ip(), port
+        """This node's address and a free port, for rank 0 to host the rendezvous."""
+        host = reachable_ip()
+        return host, free_port(host)
 
     def setup(self, rank: int, world: int, master: tuple[str, int], cfg: dict, hf_dir: str, role: str) -> None:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",

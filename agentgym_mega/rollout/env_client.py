@@ -2,8 +2,9 @@
 
 `EnvClient` spreads instances over several servers and talks to each through its batched path
 (`POST /batch`): resetting or stepping a whole rollout round is one round trip per server, all
-servers in parallel. Per-item failures come back as `{"error", "status"}` results, so one broken
-instance costs one episode, never the round. `start_servers` runs servers as Ray actors
+servers in parallel. Per-item failures come back as `{"error", "status"}` results, and so does
+every item of a server that cannot be reached, so one broken instance or server costs its own
+episodes, never the round. `start_servers` runs servers as Ray actors
 (`num_gpus=0`) when the trainer starts them itself.
 """
 
@@ -74,8 +75,12 @@ class EnvClient:
 
         def send(server: int) -> None:
             positions = by_server[server]
-            answer = self._post(self.urls[server], "/batch", {"ops": [items[p][1] for p in positions]})
-            for p, r in zip(positions, answer["results"]):
+            try:
+                answer = self._post(self.urls[server], "/batch", {"ops": [items[p][1] for p in positions]})["results"]
+            except EnvServerError as exc:
+                # A dead or broken server costs its own episodes, never the round.
+                answer = [{"error": f"environment server unavailable: {exc}", "status": 503}] * len(positions)
+            for p, r in zip(positions, answer):
                 results[p] = r
 
         for future in [self._fan.submit(send, s) for s in by_server]:

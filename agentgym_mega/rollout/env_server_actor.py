@@ -5,8 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-import ray
-
+from agentgym_mega.network import reachable_ip
 from envs.server import make_server
 
 START_TIMEOUT_S = 120.0
@@ -14,8 +13,10 @@ START_TIMEOUT_S = 120.0
 
 class EnvServerActor:
     def __init__(self, env: str, max_instances: int, idle_timeout: float):
-        # Port 0: the OS picks a free port, read back once uvicorn is listening.
-        self._server = make_server(env, "0.0.0.0", 0, max_instances, idle_timeout)
+        # Loopback on one machine, the node's IP on a cluster; port 0: the OS picks a free port,
+        # read back once uvicorn is listening.
+        host = reachable_ip()
+        self._server = make_server(env, host, 0, max_instances, idle_timeout)
         self._thread = threading.Thread(target=self._server.run, name=f"{env}-server", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -24,7 +25,7 @@ class EnvServerActor:
                 raise RuntimeError(f"the {env} server did not start")
             time.sleep(0.05)
         port = self._server.servers[0].sockets[0].getsockname()[1]
-        self._url = f"http://{ray.util.get_node_ip_address()}:{port}"
+        self._url = f"http://{host}:{port}"
 
     def url(self) -> str:
         return self._url

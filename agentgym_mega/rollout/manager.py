@@ -108,13 +108,11 @@ class RolloutManager:
                     ep.status, ep.error = "env_error", result["error"]
                 else:
                     ep.add(self.turns.first(result["observation"]), sampled=False)
-            for _ in range(max_turns):
+            for turn in range(max_turns):
                 running = [i for i, ep in enumerate(live) if ep.status is None]
                 if not running:
                     break
-                self._round([live[i] for i in running], [handles[i] for i in running])
-            for ep in live:
-                ep.status = ep.status or "horizon"
+                self._round([live[i] for i in running], [handles[i] for i in running], last=turn == max_turns - 1)
         finally:
             self.env.close(handles)
         return self._to_batch(live)
@@ -138,7 +136,9 @@ class RolloutManager:
                 out[p] = generation
         return out
 
-    def _round(self, episodes: list[_Live], handles: list) -> None:
+    def _round(self, episodes: list[_Live], handles: list, last: bool) -> None:
+        """One assistant turn for every running episode; on the `last` allowed turn an episode
+        that is not done ends at the horizon (no observation is appended that nobody answers)."""
         for ep in episodes:
             if len(ep.ids) >= self.max_model_len:
                 ep.status = "truncated"
@@ -162,8 +162,8 @@ class RolloutManager:
                 ep.status, ep.error = "env_error", result["error"]
                 continue
             ep.score = float(result["reward"])  # the score is the last step's reward, as in AgentGym
-            if result["done"]:
-                ep.status = "done"
+            if result["done"] or last:
+                ep.status = "done" if result["done"] else "horizon"
                 continue
             ep.add(self.turns.after_reply(gen.token_ids, result["observation"]), sampled=False)
             if len(ep.ids) >= self.max_model_len:

@@ -1,0 +1,96 @@
+"""Multi-turn rollouts against a real vLLM engine and real TextCraft servers (Ray actors)."""
+
+import threading
+import time
+
+import pytest
+import requests
+import torch
+
+from agentgym_mega.rollout.engines import SamplingConfig
+from agentgym_mega.rollout.manager import RolloutManager, Task
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    import ray
+    from transformers import AutoTokenizer
+
+    from agentgym_mega.models.tiny import TinySpec, make_tiny_model
+    from agentgym_mega.rollout.engines.vllm_engine import VLLMEngine
+    from agentgym_mega.rollout.env_client import EnvClient, start_servers
+
+    model = make_tiny_model(str(tmp_path_factory.mktemp("m") / "tiny"), TinySpec())
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    servers, urls = start_servers("textcraft", 2)
+    engine = VLLMEngine(model, max_model_len=2048)
+    yield {"engine": engine, "servers": servers, "urls": urls, "env": EnvClient(urls),
+           "tokenizer": AutoTokenizer.from_pretrained(model)}
+    ray.shutdown()
+
+
+def manager(stack, max_tokens=16, max_model_len=2048):
+    sampling = SamplingConfig(temperature=1.0, max_tokens=max_tokens, seed=0)
+    return RolloutManager([stack["engine"]], stack["env"], stack["tokenizer"], sampling, max_model_len)
+
+
+def test_token_bookkeeping(stack):
+    tok = stack["tokenizer"]
+    batch = manager(stack).collect([Task(3, "depth1"), Task(130, "depth2")], n_per_task=2, max_turns=2)
+    assert len(batch) == 4 and batch.group_ids.tolist() == [0, 0, 1, 1]
+    assert [e.task_id for e in batch.episodes] == [3, 3, 130, 130]
+    for row, episode in enumerate(batch.episodes):
+        assert episode.status in ("done", "horizon") and 1 <= episode.turns <= 2
+        n = int(batch.attention_mask[row].sum())
+        mask = batch.loss_mask[row, :n].bool()
+        ids = batch.input_ids[row, :n].tolist()
+        # Every trained token carries the engine's log-prob, nothing else does.
+        assert (batch.rollout_logprobs[row, :n][mask] < 0).all()
+        assert (batch.rollout_logprobs[row, :n][~mask] == 0).all()
+        assert int(mask.sum()) == episode.response_tokens
+        # The prompt is the chat template around the first observation: never trained on.
+        text = tok.decode(ids)
+        assert text.startswith("<|im_start|>user\n") and not mask[0]
+        # Between assistant turns, the observation turn is template text the policy did not produce.
+        if episode.turns == 2:
+            assert text.count("<|im_start|>assistant\n") == 2
+        # The terminal reward sits on the last trained token.
+        last = int(mask.nonzero()[-1])
+        assert batch.rewards[row].nonzero().flatten().tolist() in ([last], [])
+        assert batch.rewards[row, last] == episode.score
+
+
+def test_context_limit_truncates_and_is_recorded(stack):
+    batch = manager(stack, max_tokens=64, max_model_len=300).collect([Task(5)], n_per_task=2, max_turns=10)
+    assert {e.status for e in batch.episodes} <= {"truncated", "done"}
+    assert batch.input_ids.shape[1] <= 300
+    assert any(e.status == "truncated" for e in batch.episodes)
+
+
+def test_a_killed_env_server_ends_only_its_episodes(stack):
+    """Server 1 dies while the rollout runs: its episodes end as env_error (untrained), the
+    others finish, and collect() returns."""
+    import ray
+
+    victim_url = stack["urls"][1]
+
+    def kill_when_busy():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if requests.get(victim_url + "/health", timeout=5).json()["instances"] > 0:
+                ray.kill(stack["servers"][1])
+                return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_when_busy)
+    killer.start()
+    batch = manager(stack, max_tokens=24).collect([Task(i) for i in range(4)], n_per_task=2, max_turns=4)
+    killer.join()
+    # instances are dealt round-robin: odd rows lived on the killed server
+    dead = [e for i, e in enumerate(batch.episodes) if i % 2 == 1]
+    alive = [e for i, e in enumerate(batch.episodes) if i % 2 == 0]
+    assert all(e.status == "env_error" and "unavailable" in e.error for e in dead)
+    assert all(e.status in ("done", "horizon") for e in alive)
+    assert torch.all(batch.loss_mask[1::2] == 0) and torch.all(batch.loss_mask[0::2].sum(-1) > 0)
