@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import re
 import sys
 
@@ -47,6 +48,19 @@ def _cmd_train(args) -> int:
     from agentgym_mega.trainer import train
 
     train(load_config(args.config, args.overrides), resume=args.resume)
+    return 0
+
+
+def _cmd_eval(args) -> int:
+    from agentgym_mega import evaluation
+    from agentgym_mega.config import load_config
+
+    if args.hf and not os.path.isfile(os.path.join(args.hf, "config.json")):
+        raise ConfigError(f"--hf {args.hf}: not a Hugging Face model directory (no config.json)")
+    report = evaluation.run(load_config(args.config, args.overrides), args.hf, args.ckpt, args.n,
+                            args.split, args.limit, args.max_turns)
+    print(evaluation.table(report))
+    _write_json(args.json, report)
     return 0
 
 
@@ -170,6 +184,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in trainer.output_dir")
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser(
+        "eval", formatter_class=fmt,
+        help="evaluate a model on an environment split: Avg@n and Pass@n per category",
+        description=(
+            "The AgentGym protocol: --n samples per task at rollout.temperature, the environment's\n"
+            "evaluation turn cap (BabyAI 20, TextCraft and SciWorld 30) unless --max-turns, through\n"
+            "real env servers and a vLLM engine. Prints Avg@n (mean score) and Pass@n (share of tasks\n"
+            "with a sample scoring > 0) overall and per category (TextCraft depth, BabyAI level,\n"
+            "SciWorld task). A megatron checkpoint (--ckpt) is exported to HF first."
+        ),
+    )
+    p.add_argument("--config", required=True, help="YAML config (env, rollout settings)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--hf", help="Hugging Face model directory")
+    source.add_argument("--ckpt", help="megatron checkpoint (a directory, or a root with `latest`)")
+    p.add_argument("--n", type=_bounded(int, 1, "an integer >= 1"), default=1, help="samples per task (default 1)")
+    p.add_argument("--split", default="test", choices=["train", "test"], help="task split (default test)")
+    p.add_argument("--limit", type=_bounded(int, 1, "an integer >= 1"), help="only the first N tasks of the split")
+    p.add_argument("--max-turns", type=_bounded(int, 1, "an integer >= 1"), help="override the turn cap")
+    p.add_argument("--json", help="also write the report as JSON here")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value")
+    p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser(
         "make-tiny-model", formatter_class=fmt,

@@ -188,3 +188,19 @@ def test_gae_estimator_uses_values_and_token_rewards():
     # t2: 1 - 0.25 = 0.75; t0: 0 + V(t2) - 0.5 = -0.25, plus 0.75 -> 0.5
     torch.testing.assert_close(batch.advantages, T([[0.5, 0.0, 0.75]]))
     torch.testing.assert_close(batch.returns, T([[1.0, 0.0, 1.0]]))
+
+
+def test_eval_summary_avg_and_pass_at_n():
+    from agentgym_mega.evaluation import summarize
+    from agentgym_mega.rollout.batch import Episode
+
+    def ep(task, category, score):
+        return Episode(task, category, task, score, 3, "done", 10)
+
+    episodes = [ep(0, "depth1", 1.0), ep(0, "depth1", 0.0), ep(1, "depth1", 0.0), ep(1, "depth1", 0.0),
+                ep(2, "depth2", 0.5), ep(2, "depth2", 0.5)]
+    report = summarize(episodes, n=2)
+    # Avg@2: mean of all six scores; Pass@2: tasks 0 and 2 of 3 have a sample > 0
+    assert report["overall"] == {"tasks": 3, "avg": pytest.approx(2.0 / 6), "pass": pytest.approx(2 / 3)}
+    assert report["categories"]["depth1"] == {"tasks": 2, "avg": 0.25, "pass": 0.5}
+    assert report["categories"]["depth2"] == {"tasks": 1, "avg": 0.5, "pass": 1.0}

@@ -5,7 +5,7 @@ import pytest
 from agentgym_mega.cli import build_parser
 from tests.conftest import run_cli
 
-SUBCOMMANDS = ["config", "make-tiny-model", "doctor", "env-server", "bench", "train"]
+SUBCOMMANDS = ["config", "make-tiny-model", "doctor", "env-server", "bench", "train", "eval"]
 
 
 def test_top_level_help_lists_every_subcommand():
