@@ -58,6 +58,7 @@ def parity_job(tp: int, pp: int, world: int, models: dict, work: str, load_from:
             actor = MegatronActor(hf_dir, cfg)
             actor.load_checkpoint(os.path.join(load_from, arch))
             res["loaded_logits"] = actor.full_logits(ids, 2)
+            res["update"] = actor.update({"input_ids": ids}, sft_loss, micro_batch_size=2)
         out[arch] = res
     return out
 
