@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Builds a tiny Qwen2 model and times forward+backward of the mean next-token NLL on the\n"
             "same batch with transformers and with the megatron-core actor at TP=1 and TP=2 (local\n"
-            "gloo ranks on CPU), the same total threads each; reports tokens/s and the ratios."
+            "gloo ranks on CPU), one thread per process; reports tokens/s and the ratios."
         ),
     )
     b.add_argument("--json", help="write the report here")

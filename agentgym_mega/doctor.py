@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 
 from agentgym_mega import platform
-from agentgym_mega.network import free_port
 
 SEQ_LEN = 32
 VOCAB = 128

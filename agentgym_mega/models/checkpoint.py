@@ -136,7 +136,7 @@ def save(root: str, step: int, worker, trainer_state: dict) -> str:
         os.makedirs(root, exist_ok=True)
         weights.atomic_dir(final)
     dist.barrier()
-    tmp = f"{final}.tmp"
+    tmp = weights.temp_path(final)
     with_optimizer = _has_optimizer_state(worker)
     state = _sharded_state(worker, full=with_optimizer, loading=False)
     state["scheduler"] = worker.scheduler.state_dict() if worker.scheduler else None
@@ -162,6 +162,8 @@ def resolve(path: str) -> str:
     if os.path.isfile(latest):
         with open(latest) as f:
             path = os.path.join(path, f.read().strip())
+    if not os.path.exists(path) and os.path.isfile(os.path.join(weights.previous_path(path), META)):
+        path = weights.previous_path(path)  # a re-save of this step was killed mid-replace
     if not os.path.isfile(os.path.join(path, META)):
         raise CheckpointError(f"{path}: not a checkpoint (no {META}, no {LATEST} file)")
     return path

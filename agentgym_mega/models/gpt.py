@@ -91,6 +91,10 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype):
         raise mapping.MappingError(
             f"num_key_value_heads={geo.kv_heads} is not divisible by tp={layout.tp}: megatron "
             "gives each TP rank whole query groups")
+    if layout.sequence_parallel and not te_available():
+        raise mapping.MappingError(
+            "parallel.sequence_parallel=true needs Transformer Engine (megatron's local layer spec "
+            "norms have no sequence-parallel path); set it false where TE is absent (CPU)")
     recompute = {} if layout.recompute == "none" else {"recompute_granularity": layout.recompute}
     if layout.recompute == "full":
         recompute.update(recompute_method="uniform", recompute_num_layers=1)

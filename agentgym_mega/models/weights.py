@@ -157,29 +157,34 @@ def export_hf(model, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
             dist.all_gather(shards, local, group=tp_group)
             tensors = mapping.to_hf(rule, shards, geo)
         else:
-            dtype = next(iter(params.values())).dtype
-            tensors = [torch.empty(geo.hf_shape(h), dtype=dtype, device=local_device(params)) for h in rule.hf]
+            sample = next(iter(params.values()))
+            tensors = [torch.empty(geo.hf_shape(h), dtype=sample.dtype, device=sample.device) for h in rule.hf]
         if len(pp_ranks) > 1:
             for t in tensors:
                 dist.broadcast(t, src=pp_ranks[owner[name]], group=pp_group)
         yield from zip(rule.hf, tensors)
 
 
-def local_device(params: dict) -> torch.device:
-    return next(iter(params.values())).device
+def temp_path(final: str) -> str:
+    return f"{final.rstrip(os.sep)}.tmp"
+
+
+def previous_path(final: str) -> str:
+    return f"{final.rstrip(os.sep)}.old"
 
 
 def atomic_dir(final: str) -> str:
     """A fresh sibling temp dir of ``final``; :func:`commit_dir` moves it into place."""
-    tmp = f"{final.rstrip(os.sep)}.tmp"
+    tmp = temp_path(final)
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     return tmp
 
 
 def commit_dir(tmp: str, final: str) -> None:
-    """Replaces ``final`` by ``tmp``: readers see the old directory or the new one, never a mix."""
-    old = f"{final.rstrip(os.sep)}.old"
+    """Replaces ``final`` by ``tmp``: readers see the old directory or the new one, never a mix
+    (between the two renames the old one is at :func:`previous_path`)."""
+    old = previous_path(final)
     shutil.rmtree(old, ignore_errors=True)
     if os.path.exists(final):
         os.replace(final, old)

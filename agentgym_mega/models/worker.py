@@ -36,7 +36,6 @@ class ModelWorker:
             finalize_model_grads,
         )
 
-        self.cfg = cfg
         self.hf_dir = hf_dir
         self.hf_config = gpt.load_hf_config(hf_dir)
         self.layout = gpt.Layout.of(cfg.parallel)
@@ -45,7 +44,6 @@ class ModelWorker:
         model = gpt.build_gpt(self.hf_config, self.layout, self.dtype, value_head=value_head)
         if load_weights:
             weights.load_hf_weights(model, hf_dir, self.hf_config)
-        self.trainable = trainable
         self.optimizer = self.scheduler = None
         if not trainable:
             model.eval()
@@ -113,7 +111,7 @@ class ModelWorker:
         micro = micro_batch_size or size
         if size % micro:
             raise ValueError(f"batch of {size} sequences does not split into micro-batches of {micro}")
-        device = weights.local_device(dict(self.model.named_parameters()))
+        device = next(self.model.parameters()).device
         positions = torch.arange(seq, device=device).expand(micro, seq)
         chunks = [{k: v[i: i + micro].to(device) for k, v in batch.items()} for i in range(0, size, micro)]
 

@@ -182,6 +182,20 @@ def _patch_megatron():
     mp_random._set_cuda_rng_state = lambda new_state, *a, **k: torch.set_rng_state(new_state)
 
 
+def _patch_autograd_backward():
+    # The autograd engine runs Python backward functions without the thread's TorchFunctionMode
+    # stack, so megatron code running there (activation recompute re-runs the forward, which
+    # allocates on "cuda") needs the mode entered again.
+    function = torch.autograd.function.BackwardCFunction
+    original = function.apply
+
+    def apply(self, *args):
+        with CudaAsCpuMode():
+            return original(self, *args)
+
+    function.apply = apply
+
+
 def enable() -> bool:
     """Installs the CPU layer once per process. Returns True when it is (now) active.
 
@@ -193,6 +207,7 @@ def enable() -> bool:
     if not _enabled:
         _patch_megatron()
         _patch_torch_cuda()
+        _patch_autograd_backward()
         # Entered for the life of the process: megatron allocates on "cuda" at any time.
         CudaAsCpuMode().__enter__()
         _enabled = True

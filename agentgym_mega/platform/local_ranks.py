@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import tempfile
 
 import torch
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from agentgym_mega.network import free_port
 
 
 def _rank_main(rank: int, world: int, port: int, threads: int, out: str, fn, args):

@@ -20,9 +20,9 @@ TRAIN_STEPS = 4
 SAVE_AT = 2
 
 
-def make_config(tp: int, pp: int, world: int, lr: float = 3e-3):
+def make_config(tp: int, pp: int, world: int, lr: float = 3e-3, recompute: str = "none"):
     return validate({
-        "parallel": {"world_size": world, "tp": tp, "pp": pp},
+        "parallel": {"world_size": world, "tp": tp, "pp": pp, "recompute": recompute},
         "trainer": {"lr": lr, "total_steps": TRAIN_STEPS, "batch_size": 4, "mini_batch_size": 4,
                     "grad_clip": 0.5, "lr_schedule": "cosine", "min_lr": 1e-4},
     })
@@ -58,6 +58,7 @@ def parity_job(tp: int, pp: int, world: int, models: dict, work: str, load_from:
             actor = MegatronActor(hf_dir, cfg)
             actor.load_checkpoint(os.path.join(load_from, arch))
             res["loaded_logits"] = actor.full_logits(ids, 2)
+            res["update"] = actor.update({"input_ids": ids}, sft_loss, micro_batch_size=2)
         out[arch] = res
     return out
 
@@ -83,6 +84,9 @@ def training_job(models: dict, work: str) -> dict:
         resumed_rest = train(resumed, range(SAVE_AT, TRAIN_STEPS), ids)
         resumed_final = {k: v.clone() for k, v in resumed.export_hf()}
         del resumed
+        recomputed = MegatronActor(hf_dir, make_config(2, 1, 2, recompute="full"))
+        recompute_history = train(recomputed, range(SAVE_AT), ids)
+        del recomputed
         critic = MegatronCritic(hf_dir, cfg)
         before = critic.values(ids)
         returns = torch.linspace(-1, 1, ids.shape[1]).expand_as(ids)
@@ -91,7 +95,8 @@ def training_job(models: dict, work: str) -> dict:
         out[arch] = {"history": first + rest, "resumed_history": resumed_rest, "final": final,
                      "resumed_final": resumed_final, "trainer_state": trainer_state,
                      "saved_logits": saved_logits, "values_before": before, "values_after": critic.values(ids),
-                     "critic_losses": [m["loss"] for m in critic_metrics]}
+                     "critic_losses": [m["loss"] for m in critic_metrics],
+                     "recompute_history": recompute_history}
     return out
 
 

@@ -89,3 +89,20 @@ def test_enable_changes_nothing_when_cuda_is_available():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and "untouched" in result.stdout, result.stderr
+
+
+def test_cuda_placement_is_mapped_inside_python_backward_functions():
+    # Activation recompute re-runs megatron's forward inside an autograd Function's backward,
+    # where the autograd engine does not carry the thread's TorchFunctionMode.
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * torch.full_like(grad, 2.0, device="cuda")
+
+    x = torch.ones(3, requires_grad=True)
+    Double.apply(x).sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))
