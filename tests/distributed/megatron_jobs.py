@@ -13,7 +13,7 @@ from agentgym_mega import platform
 from agentgym_mega.actor import MegatronActor
 from agentgym_mega.config import validate
 from agentgym_mega.critic import MegatronCritic
-from agentgym_mega.platform.local_ranks import free_port
+from agentgym_mega.network import free_port
 
 SEQ = 24
 TRAIN_STEPS = 4
