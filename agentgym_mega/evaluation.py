@@ -69,6 +69,7 @@ def evaluate(cfg, model_dir: str, n: int, split: str, limit: int | None, max_tur
         ray.init(include_dashboard=False, log_to_driver=False)
     servers, urls = ([], list(cfg.env.server_urls)) if cfg.env.server_urls else start_servers(cfg.env.name, cfg.env.workers)
     env = EnvClient(urls)
+    engine = None
     try:
         tasks = [Task(t["id"], t["category"]) for t in env.tasks(split)][:limit]
         engine = VLLMEngine(model_dir, max_model_len=cfg.rollout.max_model_len, seed=cfg.trainer.seed)
@@ -77,6 +78,8 @@ def evaluate(cfg, model_dir: str, n: int, split: str, limit: int | None, max_tur
                                  cfg.rollout.max_model_len)
         batch = manager.collect(tasks, n, max_turns or EVAL_TURN_CAPS[cfg.env.name])
     finally:
+        if engine is not None:
+            engine.shutdown()
         env.shutdown()
         for server in servers:
             ray.kill(server)

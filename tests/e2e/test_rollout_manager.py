@@ -28,6 +28,7 @@ def stack(tmp_path_factory):
     engine = VLLMEngine(model, max_model_len=2048)
     yield {"engine": engine, "servers": servers, "urls": urls, "env": EnvClient(urls),
            "tokenizer": AutoTokenizer.from_pretrained(model)}
+    engine.shutdown()
     ray.shutdown()
 
 

@@ -54,3 +54,14 @@ def test_two_steps_then_resume(tmp_path):
     assert [m["step"] for m in steps] == [1, 2, 3]  # resumed at 3, not from the start
     assert steps[2]["horizon/cap"] == 3 and steps[2]["rollout/logprob_diff"] <= 1e-4
     assert (checkpoints / "latest").read_text().strip() == "iter_0000003"
+
+    # The trained checkpoint evaluates through the same servers and an engine: Avg@n / Pass@n.
+    report_path = tmp_path / "eval.json"
+    result = run_cli("eval", "--config", config, *overrides, "--ckpt", str(checkpoints), "--n", "2",
+                     "--limit", "3", "--max-turns", "2", "--json", str(report_path), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["n"] == 2 and report["overall"]["tasks"] == 3 and report["max_turns"] == 2
+    assert 0.0 <= report["overall"]["avg"] <= 1.0 and 0.0 <= report["overall"]["pass"] <= 1.0
+    assert set(report["categories"]) <= {"depth-1", "depth-2", "depth-3", "depth-4"}
+    assert "Pass@2" in result.stdout

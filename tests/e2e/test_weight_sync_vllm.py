@@ -32,7 +32,9 @@ def models(tmp_path_factory):
 def engine(models):
     from agentgym_mega.rollout.engines.vllm_engine import VLLMEngine
 
-    return VLLMEngine(models[0], max_model_len=512)
+    engine = VLLMEngine(models[0], max_model_len=512)
+    yield engine
+    engine.shutdown()
 
 
 def checkpoint(path):

@@ -47,3 +47,7 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def health(self) -> dict:
         """At least {"alive": bool, "version": int, "sleeping": bool}."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Ends the engine's processes."""

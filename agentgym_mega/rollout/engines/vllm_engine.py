@@ -88,6 +88,11 @@ class VLLMEngine(InferenceEngine):
     def health(self) -> dict:
         return {"alive": True, "version": self.version, "sleeping": self.sleeping}
 
+    def shutdown(self) -> None:
+        # Ends vLLM's engine-core process now; left to interpreter exit, a process whose model
+        # directory is already gone can keep the exit waiting on it.
+        self.llm.llm_engine.engine_core.shutdown()
+
 
 def launch_remote(model: str, *, tp: int = 1, **kwargs):
     """Starts a VLLMEngine in its own Ray actor process (ray.init must have run) and returns
