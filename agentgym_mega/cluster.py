@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from agentgym_mega import platform
-from agentgym_mega.config import validate
+from agentgym_mega.config import to_dict, validate
 from agentgym_mega.network import free_port, reachable_ip
 
 ROLES = ("actor", "ref", "critic")
@@ -107,8 +107,6 @@ class TrainerGroup:
         remote = ray.remote(**resources)(TrainerRank)
         self.ranks = [remote.remote() for _ in range(world)]
         master = ray.get(self.ranks[0].node_address.remote())
-        from agentgym_mega.config import to_dict
-
         ray.get([r.setup.remote(i, world, master, to_dict(cfg), hf_dir, role) for i, r in enumerate(self.ranks)])
 
     def call(self, method: str, *args):
@@ -155,10 +153,6 @@ class Stack:
         self.ref = TrainerGroup(cfg, cfg.model.path, "ref") if kl_on else None
         self.critic = (TrainerGroup(cfg, cfg.model.critic_path or cfg.model.path, "critic")
                        if cfg.algorithm.estimator == "gae" else None)
-
-    @classmethod
-    def build(cls, cfg) -> "Stack":
-        return cls(cfg)
 
     def call_engines(self, method: str) -> None:
         ray.get([getattr(e, method).remote() for e in self.engines])

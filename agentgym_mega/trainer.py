@@ -60,7 +60,7 @@ def _resume(stack: Stack, cfg) -> tuple[int, int]:
 def train(cfg, resume: bool = False) -> dict:
     """Runs cfg.trainer.total_steps steps (from the latest checkpoint with `resume`); returns the
     last step's metrics."""
-    stack = Stack.build(cfg)
+    stack = Stack(cfg)
     try:
         start, position = _resume(stack, cfg) if resume else (1, 0)
         if resume:  # the engines started from the HF weights: give them the checkpoint's
