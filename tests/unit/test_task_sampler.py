@@ -1,0 +1,30 @@
+"""The task sampler walks a seeded shuffle of the split and resumes exactly from its position."""
+
+import pytest
+
+from agentgym_mega.rollout.manager import Task
+from agentgym_mega.rollout.tasks import TaskSampler
+
+TASKS = [Task(i) for i in range(10)]
+
+
+def test_each_epoch_is_a_permutation_and_epochs_differ():
+    sampler = TaskSampler(TASKS, seed=3)
+    first, second = sampler.next(10), sampler.next(10)
+    assert sorted(t.id for t in first) == list(range(10)) == sorted(t.id for t in second)
+    assert [t.id for t in first] != [t.id for t in second]
+
+
+def test_resuming_at_a_position_continues_the_same_sequence():
+    uninterrupted = TaskSampler(TASKS, seed=3)
+    expected = [t.id for t in uninterrupted.next(23)]
+    head = TaskSampler(TASKS, seed=3)
+    got = [t.id for t in head.next(7)]
+    resumed = TaskSampler(TASKS, seed=3, position=head.position)
+    got += [t.id for t in resumed.next(16)]
+    assert got == expected and resumed.position == 23
+
+
+def test_no_tasks_is_a_clear_error():
+    with pytest.raises(ValueError, match="no tasks"):
+        TaskSampler([], seed=0)
