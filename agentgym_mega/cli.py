@@ -47,16 +47,24 @@ def _cmd_train(args) -> int:
     from agentgym_mega.config import load_config
     from agentgym_mega.trainer import train
 
-    train(load_config(args.config, args.overrides), resume=args.resume)
+    cfg = load_config(args.config, args.overrides)
+    _require_hf_dir("model.path", cfg.model.path)
+    train(cfg, resume=args.resume)
     return 0
+
+
+def _require_hf_dir(what: str, path: str) -> None:
+    """Checked before anything starts: a bad model path should not cost a Ray and engine start-up."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"{what}={path!r} is not a Hugging Face model directory (no config.json)")
 
 
 def _cmd_eval(args) -> int:
     from agentgym_mega import evaluation
     from agentgym_mega.config import load_config
 
-    if args.hf and not os.path.isfile(os.path.join(args.hf, "config.json")):
-        raise ConfigError(f"--hf {args.hf}: not a Hugging Face model directory (no config.json)")
+    if args.hf:
+        _require_hf_dir("--hf", args.hf)
     report = evaluation.run(load_config(args.config, args.overrides), args.hf, args.ckpt, args.n,
                             args.split, args.limit, args.max_turns)
     print(evaluation.table(report))

@@ -47,3 +47,12 @@ def test_bad_arguments_exit_2(args, message):
 def test_layouts_parse_to_tp_pp_world():
     args = build_parser().parse_args(["doctor", "--layouts", "tp2,pp2,dp4"])
     assert args.layouts == [(2, 1, 2), (1, 2, 2), (1, 1, 4)]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["train", "--config", "configs/base.yaml", "model.path=/nonexistent"], "model.path='/nonexistent'"),
+    (["eval", "--config", "configs/base.yaml", "--hf", "/nonexistent"], "--hf='/nonexistent'"),
+])
+def test_a_missing_model_is_refused_before_anything_starts(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2 and message in result.stderr and "no config.json" in result.stderr
