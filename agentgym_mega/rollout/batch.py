@@ -2,7 +2,7 @@
 
 A rollout fills the token fields; the actor adds `old_logprobs`, the reference `ref_logprobs`,
 the critic `values`, the algorithms `advantages` and `returns`. Every stage reads and writes the
-same structure, split and concatenated along the batch dimension for DP and mini-batches.
+same structure, split along the batch dimension into mini-batches.
 """
 
 from __future__ import annotations
@@ -61,21 +61,3 @@ class TrajectoryBatch:
             raise ValueError(f"a batch of {len(self)} does not split into {parts} equal parts")
         size = len(self) // parts
         return [self.select(slice(i * size, (i + 1) * size)) for i in range(parts)]
-
-    @staticmethod
-    def concat(batches: list["TrajectoryBatch"], pad_id: int = 0) -> "TrajectoryBatch":
-        """Stacks batches along B, right-padding token fields to the longest sequence."""
-        width = max(b.input_ids.shape[1] for b in batches)
-        fields = {}
-        for name in batches[0]._tensor_fields():
-            values = [getattr(b, name) for b in batches]
-            if any(v is None for v in values):
-                if not all(v is None for v in values):
-                    raise ValueError(f"cannot concatenate batches where only some have {name}")
-                fields[name] = None
-                continue
-            if values[0].dim() == 2:
-                fill = pad_id if name == "input_ids" else 0
-                values = [torch.nn.functional.pad(v, (0, width - v.shape[1]), value=fill) for v in values]
-            fields[name] = torch.cat(values)
-        return TrajectoryBatch(**fields, episodes=[e for b in batches for e in b.episodes])

@@ -42,6 +42,11 @@ class _Live:
         self.logprobs += logprobs if sampled else [0.0] * len(ids)
 
 
+_REPLY = "\x00REPLY\x00"
+# A finished exchange to render the template around: what follows it is the next turn's markup.
+_PROBE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _REPLY}]
+
+
 class ChatTurns:
     """Token pieces of a chat template around the sampled replies, found by rendering a probe
     conversation: the prompt of the first turn, what closes an assistant turn, and an
@@ -50,10 +55,8 @@ class ChatTurns:
     def __init__(self, tokenizer, instruction: str | None = None):
         self.tokenizer = tokenizer
         self.instruction = instruction
-        render = tokenizer.apply_chat_template
-        reply = "\x00REPLY\x00"
-        closed = render([{"role": "user", "content": "x"}, {"role": "assistant", "content": reply}], tokenize=False)
-        self._close = closed[closed.rindex(reply) + len(reply):]  # e.g. "<|im_end|>\n"
+        closed = tokenizer.apply_chat_template(_PROBE, tokenize=False)
+        self._close = closed[closed.rindex(_REPLY) + len(_REPLY):]  # e.g. "<|im_end|>\n"
         self._closed_probe = closed
         self.eos_id = tokenizer.eos_token_id
         self._eos_text = tokenizer.decode([self.eos_id])
@@ -74,9 +77,7 @@ class ChatTurns:
         if reply_ids and reply_ids[-1] == self.eos_id and close.startswith(self._eos_text):
             close = close[len(self._eos_text):]
         probe = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "x"}, {"role": "assistant", "content": "\x00REPLY\x00"},
-             {"role": "user", "content": observation}],
-            tokenize=False, add_generation_prompt=True,
+            _PROBE + [{"role": "user", "content": observation}], tokenize=False, add_generation_prompt=True
         )
         return self._encode(close + probe[len(self._closed_probe):])
 
