@@ -26,6 +26,7 @@ INSTALL_REQUIRES = [
     "safetensors==0.8.0",
     "tensorboard==2.21.0",
     "tqdm==4.70.1",
+    "matplotlib==3.11.2",
 ]
 
 EXTRAS_REQUIRE = {

@@ -127,7 +127,7 @@ class Stack:
 
         from agentgym_mega.rollout.engines.vllm_engine import launch_remote
         from agentgym_mega.rollout.env_client import EnvClient, start_servers
-        from agentgym_mega.rollout.manager import Task
+        from agentgym_mega.rollout.tasks import select_tasks
 
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=False)
@@ -136,11 +136,7 @@ class Stack:
         if not urls:
             self.env_servers, urls = start_servers(cfg.env.name, cfg.env.workers)
         self.env = EnvClient(urls)
-        if cfg.env.task_ids is None:
-            self.tasks = [Task(t["id"], t["category"]) for t in self.env.tasks(cfg.env.split)]
-        else:  # explicit ids keep each env's meaning (large ids too); categories where listed
-            category = {t["id"]: t["category"] for t in self.env.tasks()}
-            self.tasks = [Task(i, category.get(i, "")) for i in cfg.env.task_ids]
+        self.tasks = select_tasks(self.env.tasks(), cfg.env.split, cfg.env.task_ids, cfg.env.categories)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.engines = [
             launch_remote(cfg.model.path, tp=cfg.rollout.engine_tp, max_model_len=cfg.rollout.max_model_len,

@@ -110,8 +110,11 @@ class EnvConfig:
     workers: StrictInt = 1
     split: Literal["train", "test"] = "train"
     task_ids: Optional[list[StrictInt]] = None  # default: every task of the split
+    categories: Optional[list[StrictStr]] = None  # default: every category (level, depth, task type)
 
     def __post_init__(self):
+        _require(self.categories is None or bool(self.categories), "env.categories", self.categories,
+                 "a non-empty list of category names, or null")
         _require(
             bool(self.server_urls) or self.workers >= 1, "env.workers", self.workers,
             "an integer >= 1 when env.server_urls is empty",
@@ -184,14 +187,13 @@ class TrainerConfig:
     mini_batch_size: StrictInt = 8
     ppo_epochs: StrictInt = 1
     save_freq: StrictInt = 0  # steps between checkpoints; 0 = only at the end
-    eval_freq: StrictInt = 0  # steps between evaluations; 0 = never
     output_dir: StrictStr = "runs/default"
     seed: StrictInt = 0
 
     def __post_init__(self):
         for key in ("total_steps", "batch_size", "mini_batch_size", "ppo_epochs"):
             _require(getattr(self, key) >= 1, f"trainer.{key}", getattr(self, key), "an integer >= 1")
-        for key in ("warmup_steps", "save_freq", "eval_freq"):
+        for key in ("warmup_steps", "save_freq"):
             _require(getattr(self, key) >= 0, f"trainer.{key}", getattr(self, key), "an integer >= 0")
         _require(self.lr > 0, "trainer.lr", self.lr, "a number > 0")
         _require(0 <= self.min_lr <= self.lr, "trainer.min_lr", self.min_lr, f"a number in [0, trainer.lr={self.lr}]")
@@ -200,6 +202,26 @@ class TrainerConfig:
             self.batch_size % self.mini_batch_size == 0, "trainer.mini_batch_size", self.mini_batch_size,
             f"a divisor of trainer.batch_size={self.batch_size}",
         )
+
+
+@section
+class EvalConfig:
+    """Held-out evaluation inside a training run, on the run's engines and env servers: n samples
+    per task of `split` (kept to env.categories), reported as Avg@n, Pass@n and success rate."""
+
+    freq: StrictInt = 0  # steps between evaluations (and after the last step); 0 = never
+    at_start: StrictBool = False  # also evaluate the starting policy, as step 0
+    n: StrictInt = 1
+    split: Literal["train", "test"] = "test"
+    max_turns: Optional[StrictInt] = None  # default: the env's evaluation turn cap
+    limit: Optional[StrictInt] = None  # only the first N tasks
+
+    def __post_init__(self):
+        _require(self.freq >= 0, "eval.freq", self.freq, "an integer >= 0")
+        for key in ("n", "max_turns", "limit"):
+            value = getattr(self, key)
+            _require(value is None or value >= 1, f"eval.{key}", value, "an integer >= 1" +
+                     ("" if key == "n" else ", or null"))
 
 
 @section
@@ -221,6 +243,7 @@ class Config:
     algorithm: AlgorithmConfig = _default(AlgorithmConfig)
     horizon: HorizonConfig = _default(HorizonConfig)
     trainer: TrainerConfig = _default(TrainerConfig)
+    eval: EvalConfig = _default(EvalConfig)
     logging: LoggingConfig = _default(LoggingConfig)
 
     def __post_init__(self):

@@ -1,9 +1,11 @@
-"""`agentgym-mega eval`: the AgentGym protocol. n samples per task at the run's temperature,
-the environment's evaluation turn cap, and Avg@n (mean score over all samples) and Pass@n
-(share of tasks with a sample scoring above 0), overall and per category."""
+"""`agentgym-mega eval` and evaluation inside training: the AgentGym protocol. n samples per
+task at the run's temperature, the environment's evaluation turn cap, and Avg@n (mean score over
+all samples), Pass@n (share of tasks with a sample scoring above 0) and the success rate (share
+of samples scoring above 0), overall and per category."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +24,7 @@ def _scores(episodes) -> dict:
         "tasks": len(by_task),
         "avg": sum(samples) / len(samples),
         "pass": sum(any(s > 0 for s in scores) for scores in by_task.values()) / len(by_task),
+        "success": sum(s > 0 for s in samples) / len(samples),
     }
 
 
@@ -40,11 +43,46 @@ def summarize(episodes, n: int) -> dict:
 
 def table(report: dict) -> str:
     n = report["n"]
-    lines = [f"{'category':<24}{'tasks':>7}{f'Avg@{n}':>10}{f'Pass@{n}':>10}"]
+    lines = [f"{'category':<24}{'tasks':>7}{f'Avg@{n}':>10}{f'Pass@{n}':>10}{'success':>10}"]
     rows = list(report["categories"].items()) + [("overall", report["overall"])]
     for name, row in rows:
-        lines.append(f"{name:<24}{row['tasks']:>7}{row['avg']:>10.4f}{row['pass']:>10.4f}")
+        lines.append(f"{name:<24}{row['tasks']:>7}{row['avg']:>10.4f}{row['pass']:>10.4f}{row['success']:>10.4f}")
     return "\n".join(lines)
+
+
+def turn_cap(env_name: str, max_turns: int | None) -> int:
+    return max_turns or EVAL_TURN_CAPS[env_name]
+
+
+class Evaluator:
+    """Evaluation inside a training run, through its rollout manager (so on the weights the
+    engines serve now): writes ``eval/step_N.json`` and returns ``eval/...`` metrics."""
+
+    def __init__(self, manager, tasks: list, cfg):
+        if not tasks:
+            raise ValueError(f"no {cfg.eval.split} tasks to evaluate on (check env.categories and eval.limit)")
+        self.manager, self.tasks, self.n = manager, tasks, cfg.eval.n
+        self.max_turns = turn_cap(cfg.env.name, cfg.eval.max_turns)
+        self.out = os.path.join(cfg.trainer.output_dir, "eval")
+        self.history: list[tuple[int, float]] = []  # (step, success rate) of each evaluation
+
+    def __call__(self, step: int) -> tuple[dict, str]:
+        """(metrics, printable table) of the policy the engines serve at ``step``."""
+        report = summarize(self.manager.collect(self.tasks, self.n, self.max_turns).episodes, self.n)
+        report.update(step=step, max_turns=self.max_turns)
+        os.makedirs(self.out, exist_ok=True)
+        with open(os.path.join(self.out, f"step_{step}.json"), "w") as f:
+            json.dump(report, f, indent=2)
+        metrics = {f"eval/{k}": v for k, v in report["overall"].items() if k != "tasks"}
+        for category, row in report["categories"].items():
+            metrics |= {f"eval/{category}/{k}": v for k, v in row.items() if k != "tasks"}
+        self.history.append((step, report["overall"]["success"]))
+        return metrics, table(report)
+
+    def summary(self) -> str:
+        (first_step, first), (last_step, last) = self.history[0], self.history[-1]
+        return (f"held-out success ({len(self.tasks)} tasks x {self.n}, {self.max_turns} turns): "
+                f"{first:.3f} at step {first_step} -> {last:.3f} at step {last_step} ({last - first:+.3f})")
 
 
 def export_checkpoint(ckpt: str, out: str) -> str:
@@ -63,7 +101,8 @@ def evaluate(cfg, model_dir: str, n: int, split: str, limit: int | None, max_tur
     from agentgym_mega.rollout.engines import SamplingConfig
     from agentgym_mega.rollout.engines.vllm_engine import VLLMEngine
     from agentgym_mega.rollout.env_client import EnvClient, start_servers
-    from agentgym_mega.rollout.manager import RolloutManager, Task
+    from agentgym_mega.rollout.manager import RolloutManager
+    from agentgym_mega.rollout.tasks import select_tasks
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
@@ -71,12 +110,12 @@ def evaluate(cfg, model_dir: str, n: int, split: str, limit: int | None, max_tur
     env = EnvClient(urls)
     engine = None
     try:
-        tasks = [Task(t["id"], t["category"]) for t in env.tasks(split)][:limit]
+        tasks = select_tasks(env.tasks(), split, None, cfg.env.categories)[:limit]
         engine = VLLMEngine(model_dir, max_model_len=cfg.rollout.max_model_len, seed=cfg.trainer.seed)
         sampling = SamplingConfig(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens_per_turn)
         manager = RolloutManager([engine], env, AutoTokenizer.from_pretrained(model_dir), sampling,
                                  cfg.rollout.max_model_len)
-        batch = manager.collect(tasks, n, max_turns or EVAL_TURN_CAPS[cfg.env.name])
+        batch = manager.collect(tasks, n, turn_cap(cfg.env.name, max_turns))
     finally:
         if engine is not None:
             engine.shutdown()
@@ -84,7 +123,7 @@ def evaluate(cfg, model_dir: str, n: int, split: str, limit: int | None, max_tur
         for server in servers:
             ray.kill(server)
     report = summarize(batch.episodes, n)
-    report.update(env=cfg.env.name, split=split, model=model_dir, max_turns=max_turns or EVAL_TURN_CAPS[cfg.env.name])
+    report.update(env=cfg.env.name, split=split, model=model_dir, max_turns=turn_cap(cfg.env.name, max_turns))
     return report
 
 

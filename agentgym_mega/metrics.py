@@ -13,9 +13,14 @@ def episode_metrics(batch) -> dict:
     episodes = batch.episodes
     n = max(1, len(episodes))
     count = lambda status: sum(e.status == status for e in episodes)  # noqa: E731
+    groups: dict[int, list[float]] = {}
+    for e in episodes:
+        groups.setdefault(e.group_id, []).append(e.score)
     return {
         "reward/mean": sum(e.score for e in episodes) / n,
         "reward/success_rate": sum(e.score > 0 for e in episodes) / n,
+        # GRPO and RLOO learn only from tasks whose samples scored differently
+        "reward/groups_with_spread": sum(max(g) > min(g) for g in groups.values()) / max(1, len(groups)),
         "episode/turns_mean": sum(e.turns for e in episodes) / n,
         "episode/response_tokens_mean": sum(e.response_tokens for e in episodes) / n,
         "episode/done": count("done"),
@@ -68,3 +73,41 @@ class MetricsLogger:
             self.jsonl.close()
         if self.tb:
             self.tb.close()
+
+
+def plot_rewards(output_dir: str, window: int = 10) -> str:
+    """Writes ``reward_curve.png`` from the run's ``metrics.jsonl``: training reward and success
+    per step (raw and a ``window``-step moving average), held-out evaluations as points, and the
+    turn cap's stages. Returns the file's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on training nodes
+    import matplotlib.pyplot as plt
+
+    records: dict[int, dict] = {}
+    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            records[record["step"]] = records.get(record["step"], {}) | record  # a resumed run rewrites steps
+    steps = sorted(s for s, r in records.items() if "reward/mean" in r)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for key, label, color in (("reward/mean", "reward", "tab:blue"), ("reward/success_rate", "success", "tab:green")):
+        values = [records[s][key] for s in steps]
+        smooth = [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
+                  for i in range(len(values))]
+        ax.plot(steps, values, color=color, alpha=0.25, linewidth=0.8)
+        ax.plot(steps, smooth, color=color, label=f"train {label} ({window}-step mean)")
+    evals = sorted(s for s, r in records.items() if "eval/success" in r)
+    if evals:
+        ax.plot(evals, [records[s]["eval/success"] for s in evals], "o--", color="tab:red", label="held-out success")
+    caps = [(s, records[s].get("horizon/cap")) for s in steps]
+    for (_, before), (step, cap) in zip(caps, caps[1:]):
+        if cap != before:
+            ax.axvline(step, color="grey", linestyle=":", linewidth=1)
+            ax.text(step, 1.02, f"cap {cap}", fontsize=8, color="grey")
+    ax.set(xlabel="step", ylabel="score", ylim=(0, 1.08), title=f"{os.path.basename(os.path.abspath(output_dir))}")
+    ax.legend(loc="lower right", fontsize=8)
+    path = os.path.join(output_dir, "reward_curve.png")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path

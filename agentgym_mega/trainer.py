@@ -1,6 +1,6 @@
 """`agentgym-mega train`: the RL loop, readable top to bottom.
 
-rollout -> old/ref log-probs -> values -> advantages -> updates -> weight sync -> log -> checkpoint
+rollout -> old/ref log-probs -> values -> advantages -> updates -> weight sync -> eval -> log -> checkpoint
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from tqdm import tqdm
 
 from agentgym_mega.algorithms import compute_advantages, horizon_cap
 from agentgym_mega.cluster import Stack
-from agentgym_mega.metrics import MetricsLogger, Timer, episode_metrics
+from agentgym_mega.evaluation import Evaluator
+from agentgym_mega.metrics import MetricsLogger, Timer, episode_metrics, plot_rewards
 from agentgym_mega.rollout.engines import SamplingConfig
 from agentgym_mega.rollout.manager import RolloutManager
-from agentgym_mega.rollout.tasks import TaskSampler
+from agentgym_mega.rollout.tasks import TaskSampler, select_tasks
 
 SYNC_BUCKET_BYTES = 256 << 20
 SYNC_TIMEOUT_S = 600.0
@@ -69,6 +70,9 @@ def train(cfg, resume: bool = False) -> dict:
         sampling = SamplingConfig(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens_per_turn)
         manager = RolloutManager(stack.engines, stack.env, stack.tokenizer, sampling, cfg.rollout.max_model_len)
         logger = MetricsLogger(cfg.trainer.output_dir, cfg.logging)
+        evaluate = _evaluator(stack, manager, cfg)
+        if evaluate and cfg.eval.at_start and start == 1:
+            logger.log(0, _evaluated(evaluate, 0))
         metrics: dict = {}
         bar = tqdm(range(start, cfg.trainer.total_steps + 1), initial=start - 1, total=cfg.trainer.total_steps,
                    disable=not cfg.logging.progress_bar, desc="train")
@@ -96,6 +100,8 @@ def train(cfg, resume: bool = False) -> dict:
             metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | manager.timings
                        | {"horizon/cap": cap, "perf/tokens_per_s": tokens / sum(timer.seconds.values()),
                           "rollout/logprob_diff": _logprob_gap(batch)})
+            if evaluate and cfg.eval.freq and (step % cfg.eval.freq == 0 or step == cfg.trainer.total_steps):
+                metrics |= _evaluated(evaluate, step)
             logger.log(step, metrics)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", cap=cap)
             tqdm.write(f"step {step}: reward {metrics['reward/mean']:.3f} success "
@@ -103,9 +109,26 @@ def train(cfg, resume: bool = False) -> dict:
             if step == cfg.trainer.total_steps or (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0):
                 _save(stack, cfg, step, sampler)
         logger.close()
+        if evaluate and len(evaluate.history) > 1:
+            tqdm.write(evaluate.summary())
+        if cfg.logging.jsonl:
+            tqdm.write(f"reward curve: {plot_rewards(cfg.trainer.output_dir)}")
         return metrics
     finally:
         stack.shutdown()
+
+
+def _evaluator(stack: Stack, manager: RolloutManager, cfg) -> Evaluator | None:
+    if not (cfg.eval.freq or cfg.eval.at_start):
+        return None
+    tasks = select_tasks(stack.env.tasks(), cfg.eval.split, None, cfg.env.categories)[: cfg.eval.limit]
+    return Evaluator(manager, tasks, cfg)
+
+
+def _evaluated(evaluate: Evaluator, step: int) -> dict:
+    metrics, table = evaluate(step)
+    tqdm.write(f"eval at step {step}:\n{table}")
+    return metrics
 
 
 def _logprob_gap(batch) -> float:

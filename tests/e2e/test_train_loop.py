@@ -1,5 +1,5 @@
 """The whole loop on CPU: TextCraft servers, a vLLM engine and a TP=2 megatron actor in Ray,
-two steps, then a resume that continues at the right step and turn cap."""
+two steps with held-out evaluations, then a resume that continues at the right step and turn cap."""
 
 import json
 import os
@@ -24,7 +24,8 @@ def test_two_steps_then_resume(tmp_path):
         f"model.path={model}", "model.dtype=float32",
         "parallel.world_size=2", "parallel.tp=2", "parallel.sequence_parallel=false", "parallel.recompute=none",
         "rollout.num_engines=1", "rollout.n_per_task=2", "rollout.max_tokens_per_turn=12", "rollout.max_model_len=2048",
-        "env.name=textcraft", "env.workers=1",
+        "env.name=textcraft", "env.workers=1", "env.categories=[depth-1]",
+        "eval.at_start=true", "eval.freq=2", "eval.n=1", "eval.limit=2", "eval.max_turns=1",
         # a random policy earns no reward: the entropy term alone makes the update move the weights
         "algorithm.kl_coef=0.0", "algorithm.entropy_coef=0.05",
         "horizon.schedule=scaling_inter", "horizon.caps=[1,2,3]", "horizon.interval=1",
@@ -35,7 +36,14 @@ def test_two_steps_then_resume(tmp_path):
     result = run_cli("train", "--config", config, *overrides, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 2: reward" in result.stdout
-    first, second = read_metrics(run_dir)
+    start, first, second = read_metrics(run_dir)
+    # held-out evaluations before the first step and at step 2, on depth-1 test tasks only
+    assert start["step"] == 0 and 0.0 <= start["eval/success"] <= 1.0 and "eval/depth-1/avg" in start
+    assert "eval/avg" in second and "eval/avg" not in first
+    step0 = json.loads((run_dir / "eval" / "step_0.json").read_text())
+    assert step0["overall"]["tasks"] == 2 and set(step0["categories"]) == {"depth-1"} and step0["max_turns"] == 1
+    assert "held-out success (2 tasks x 1, 1 turns)" in result.stdout
+    assert (run_dir / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (first["horizon/cap"], second["horizon/cap"]) == (1, 2)  # ScalingInter: a new stage each step
     assert first["episode/turns_mean"] <= 1 and second["episode/turns_mean"] <= 2
     assert first["actor/grad_norm"] > 0  # the update changed the weights ...
@@ -51,8 +59,9 @@ def test_two_steps_then_resume(tmp_path):
     result = run_cli("train", "--config", config, *overrides, "trainer.total_steps=3", "--resume", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     steps = read_metrics(run_dir)
-    assert [m["step"] for m in steps] == [1, 2, 3]  # resumed at 3, not from the start
-    assert steps[2]["horizon/cap"] == 3 and steps[2]["rollout/logprob_diff"] <= 1e-4
+    assert [m["step"] for m in steps] == [0, 1, 2, 3]  # resumed at 3, not from the start
+    assert steps[3]["horizon/cap"] == 3 and steps[3]["rollout/logprob_diff"] <= 1e-4
+    assert "eval/avg" in steps[3]  # the last step is always evaluated
     assert (checkpoints / "latest").read_text().strip() == "iter_0000003"
 
     # The trained checkpoint evaluates through the same servers and an engine: Avg@n / Pass@n.
@@ -63,5 +72,5 @@ def test_two_steps_then_resume(tmp_path):
     report = json.loads(report_path.read_text())
     assert report["n"] == 2 and report["overall"]["tasks"] == 3 and report["max_turns"] == 2
     assert 0.0 <= report["overall"]["avg"] <= 1.0 and 0.0 <= report["overall"]["pass"] <= 1.0
-    assert set(report["categories"]) <= {"depth-1", "depth-2", "depth-3", "depth-4"}
+    assert set(report["categories"]) == {"depth-1"}  # env.categories applies to eval too
     assert "Pass@2" in result.stdout

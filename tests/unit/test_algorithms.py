@@ -190,7 +190,7 @@ def test_gae_estimator_uses_values_and_token_rewards():
     torch.testing.assert_close(batch.returns, T([[1.0, 0.0, 1.0]]))
 
 
-def test_eval_summary_avg_and_pass_at_n():
+def test_eval_summary_avg_pass_at_n_and_success():
     from agentgym_mega.evaluation import summarize
     from agentgym_mega.rollout.batch import Episode
 
@@ -200,7 +200,9 @@ def test_eval_summary_avg_and_pass_at_n():
     episodes = [ep(0, "depth1", 1.0), ep(0, "depth1", 0.0), ep(1, "depth1", 0.0), ep(1, "depth1", 0.0),
                 ep(2, "depth2", 0.5), ep(2, "depth2", 0.5)]
     report = summarize(episodes, n=2)
-    # Avg@2: mean of all six scores; Pass@2: tasks 0 and 2 of 3 have a sample > 0
-    assert report["overall"] == {"tasks": 3, "avg": pytest.approx(2.0 / 6), "pass": pytest.approx(2 / 3)}
-    assert report["categories"]["depth1"] == {"tasks": 2, "avg": 0.25, "pass": 0.5}
-    assert report["categories"]["depth2"] == {"tasks": 1, "avg": 0.5, "pass": 1.0}
+    # Avg@2: mean of all six scores; Pass@2: tasks 0 and 2 of 3 have a sample > 0; success: 3 of 6
+    # samples score > 0
+    assert report["overall"] == {"tasks": 3, "avg": pytest.approx(2.0 / 6), "pass": pytest.approx(2 / 3),
+                                 "success": 0.5}
+    assert report["categories"]["depth1"] == {"tasks": 2, "avg": 0.25, "pass": 0.5, "success": 0.25}
+    assert report["categories"]["depth2"] == {"tasks": 1, "avg": 0.5, "pass": 1.0, "success": 1.0}

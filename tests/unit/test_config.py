@@ -76,6 +76,11 @@ BAD = [
     (["rollout.n_per_task=1"], ["rollout.n_per_task", "algorithm.estimator=grpo"]),
     (["rollout.top_p=0"], ["rollout.top_p", "(0, 1]"]),
     (["algorithm.dual_clip=0.5"], ["algorithm.dual_clip", "> 1"]),
+    (["env.categories=[]"], ["env.categories", "non-empty list"]),
+    (["eval.n=0"], ["eval.n", "integer >= 1"]),
+    (["eval.max_turns=0"], ["eval.max_turns", "or null"]),
+    (["eval.freq=-1"], ["eval.freq", ">= 0"]),
+    (["trainer.eval_freq=5"], ["trainer.eval_freq", "unknown key"]),
     (["trainer=3"], ["trainer", "section"]),
     (["trainer.total_steps"], ["trainer.total_steps", "section.key=value"]),
 ]

@@ -1,4 +1,5 @@
-"""The task sampler walks a seeded shuffle of the split and resumes exactly from its position."""
+"""Task selection (split, ids, categories) and the task sampler, which walks a seeded shuffle of
+the tasks and resumes exactly from its position."""
 
 import pytest
 
@@ -28,3 +29,22 @@ def test_resuming_at_a_position_continues_the_same_sequence():
 def test_no_tasks_is_a_clear_error():
     with pytest.raises(ValueError, match="no tasks"):
         TaskSampler([], seed=0)
+
+
+CATALOGUE = [{"id": 0, "category": "GoToRedBall", "split": "test"},
+             {"id": 1, "category": "GoToDoor", "split": "test"},
+             {"id": 40, "category": "GoToRedBall", "split": "train"},
+             {"id": 41, "category": "GoToDoor", "split": "train"}]
+
+
+def test_select_tasks_by_split_ids_and_categories():
+    from agentgym_mega.config import ConfigError
+    from agentgym_mega.rollout.tasks import select_tasks
+
+    assert [t.id for t in select_tasks(CATALOGUE, "train", None, None)] == [40, 41]
+    assert [(t.id, t.category) for t in select_tasks(CATALOGUE, "test", None, ["GoToDoor"])] == [(1, "GoToDoor")]
+    # explicit ids keep their meaning even when the catalogue does not list them
+    assert [(t.id, t.category) for t in select_tasks(CATALOGUE, "train", [0, 9999], None)] == [(0, "GoToRedBall"), (9999, "")]
+    assert [t.id for t in select_tasks(CATALOGUE, "train", [0, 1, 41], ["GoToDoor"])] == [1, 41]
+    with pytest.raises(ConfigError, match=r"unknown \['Nope'\].*GoToDoor, GoToRedBall"):
+        select_tasks(CATALOGUE, "train", None, ["GoToDoor", "Nope"])

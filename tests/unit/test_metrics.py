@@ -1,0 +1,36 @@
+"""Step metrics from a rollout batch, and the reward-curve plot a run ends with."""
+
+import json
+
+import torch
+
+from agentgym_mega.metrics import episode_metrics, plot_rewards
+from agentgym_mega.rollout.batch import Episode
+
+
+def test_episode_metrics_count_outcomes_and_groups_with_spread():
+    episodes = [Episode(0, "a", 0, 1.0, 2, "done", 5), Episode(0, "a", 0, 0.0, 6, "horizon", 9),
+                Episode(1, "a", 1, 0.0, 6, "horizon", 9), Episode(1, "a", 1, 0.0, 1, "env_error", 0, "boom")]
+
+    class Batch:
+        pass
+
+    batch = Batch()
+    batch.episodes, batch.group_ids = episodes, torch.tensor([0, 0, 1, 1])
+    m = episode_metrics(batch)
+    assert m["reward/mean"] == 0.25 and m["reward/success_rate"] == 0.25
+    assert m["reward/groups_with_spread"] == 0.5  # task 0's samples differ, task 1's do not
+    assert (m["episode/done"], m["episode/horizon"], m["episode/env_errors"]) == (1, 2, 1)
+    assert m["episode/turns_mean"] == 15 / 4
+
+
+def test_reward_curve_is_written_from_metrics_with_evals_and_a_resumed_step(tmp_path):
+    lines = [{"step": 0, "eval/success": 0.3}]
+    lines += [{"step": s, "reward/mean": s / 10, "reward/success_rate": s / 10, "horizon/cap": 2 if s < 4 else 4}
+              for s in range(1, 7)]
+    lines += [{"step": 6, "reward/mean": 0.7, "reward/success_rate": 0.7, "horizon/cap": 4, "eval/success": 0.8}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    path = plot_rewards(str(tmp_path), window=3)
+    assert path == str(tmp_path / "reward_curve.png")
+    data = (tmp_path / "reward_curve.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
