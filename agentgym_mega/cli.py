@@ -43,6 +43,31 @@ def _cmd_make_tiny_model(args) -> int:
     return 0
 
 
+def _cmd_pretrain_tiny(args) -> int:
+    import torch
+
+    from agentgym_mega.models.tiny import TinySpec
+    from agentgym_mega.pretrain import PretrainConfig, pretrain
+    from agentgym_mega.rollout.tasks import select_tasks
+    from envs import load_kind
+
+    catalogue = [{"id": t.id, "category": t.category, "split": t.split} for t in load_kind(args.env).tasks()]
+    tasks = select_tasks(catalogue, "train", None, args.categories)
+    spec = TinySpec(arch="llama", layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+                    vocab=args.vocab, ffn=args.ffn, init_std=0.02, seed=args.seed)
+    try:
+        spec.validate()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    torch.set_num_threads(os.cpu_count() or 1)
+    cfg = PretrainConfig(env=args.env, task_ids=[t.id for t in tasks], episodes=args.episodes, max_turns=args.max_turns,
+                         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, vocab=args.vocab, seed=args.seed)
+    summary = pretrain(args.out, spec, cfg)
+    print(f"wrote {args.out}: loss {summary['final_loss']:.3f} after {summary['steps']} steps, "
+          f"{summary['seconds']:.0f}s")
+    return 0
+
+
 def _cmd_train(args) -> int:
     from agentgym_mega.config import load_config
     from agentgym_mega.trainer import train
@@ -65,11 +90,23 @@ def _cmd_eval(args) -> int:
 
     if args.hf:
         _require_hf_dir("--hf", args.hf)
-    report = evaluation.run(load_config(args.config, args.overrides), args.hf, args.ckpt, args.n,
-                            args.split, args.limit, args.max_turns)
+    cfg = load_config(args.config, args.overrides)
+    pick = lambda flag, key: getattr(cfg.eval, key) if flag is None else flag  # noqa: E731
+    report = evaluation.run(cfg, args.hf, args.ckpt, pick(args.n, "n"), pick(args.split, "split"),
+                            pick(args.limit, "limit"), pick(args.max_turns, "max_turns"))
     print(evaluation.table(report))
     _write_json(args.json, report)
     return 0
+
+
+def _add_shape_args(p, kv_heads: int, vocab: int) -> None:
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--kv-heads", type=int, default=kv_heads, help="key/value heads (GQA); divides --heads")
+    p.add_argument("--vocab", type=int, default=vocab, help="BPE vocabulary and model vocab size")
+    p.add_argument("--ffn", type=int, default=None, help="MLP width (default 3 x hidden)")
+    p.add_argument("--seed", type=int, default=0)
 
 
 def _write_json(path: str | None, report: dict) -> None:
@@ -208,10 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--hf", help="Hugging Face model directory")
     source.add_argument("--ckpt", help="megatron checkpoint (a directory, or a root with `latest`)")
-    p.add_argument("--n", type=_bounded(int, 1, "an integer >= 1"), default=1, help="samples per task (default 1)")
-    p.add_argument("--split", default="test", choices=["train", "test"], help="task split (default test)")
-    p.add_argument("--limit", type=_bounded(int, 1, "an integer >= 1"), help="only the first N tasks of the split")
-    p.add_argument("--max-turns", type=_bounded(int, 1, "an integer >= 1"), help="override the turn cap")
+    p.add_argument("--n", type=_bounded(int, 1, "an integer >= 1"), help="samples per task (default eval.n)")
+    p.add_argument("--split", choices=["train", "test"], help="task split (default eval.split)")
+    p.add_argument("--limit", type=_bounded(int, 1, "an integer >= 1"),
+                   help="only the first N tasks of the split (default eval.limit)")
+    p.add_argument("--max-turns", type=_bounded(int, 1, "an integer >= 1"),
+                   help="turn cap (default eval.max_turns, else the environment's)")
     p.add_argument("--json", help="also write the report as JSON here")
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
     p.set_defaults(func=_cmd_eval)
@@ -229,14 +268,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"],
                    help="qwen2: tied embeddings, QKV bias; llama: untied, no bias")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--kv-heads", type=int, default=1, help="key/value heads (GQA); divides --heads")
-    p.add_argument("--vocab", type=int, default=512, help="BPE vocabulary and model vocab size")
-    p.add_argument("--ffn", type=int, default=None, help="MLP width (default 3 x hidden)")
-    p.add_argument("--seed", type=int, default=0)
+    _add_shape_args(p, kv_heads=1, vocab=512)
     p.set_defaults(func=_cmd_make_tiny_model)
+
+    p = sub.add_parser(
+        "pretrain-tiny", formatter_class=fmt,
+        help="pretrain a tiny base policy on random valid play (knows the format, not the strategy)",
+        description=(
+            "Plays --episodes episodes of the environment with uniformly random valid actions on\n"
+            "train-split tasks (of --categories), trains a byte-level BPE tokenizer on them (merging\n"
+            "across words, so action phrases become single tokens) and fits a tiny Llama by\n"
+            "next-token loss on the assistant replies (`Action: ...`) only. The result is an HF\n"
+            "directory for `train` (model.path): a policy that answers in the action format about\n"
+            "as well as random valid play, for RL to improve on. Writes pretrain.json beside it."
+        ),
+    )
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--env", default="babyai", choices=["babyai"], help="environment (one with listed valid actions)")
+    p.add_argument("--categories", type=lambda s: [c for c in s.split(",") if c],
+                   help="comma-separated task categories (BabyAI level names); default all")
+    p.add_argument("--episodes", type=_bounded(int, 1, "an integer >= 1"), default=2000)
+    p.add_argument("--epochs", type=_bounded(int, 1, "an integer >= 1"), default=2)
+    p.add_argument("--max-turns", type=_bounded(int, 1, "an integer >= 1"), default=6, help="turns per episode")
+    p.add_argument("--batch-size", type=_bounded(int, 1, "an integer >= 1"), default=32, help="episodes per step")
+    p.add_argument("--lr", type=float, default=5e-3, help="peak AdamW rate (cosine decay to 0)")
+    _add_shape_args(p, kv_heads=2, vocab=1024)
+    p.set_defaults(func=_cmd_pretrain_tiny)
 
     p = sub.add_parser(
         "doctor", formatter_class=fmt,

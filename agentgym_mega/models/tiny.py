@@ -23,6 +23,9 @@ CHAT_TEMPLATE = (
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, IM_START, IM_END]
 ARCHS = ("qwen2", "llama")
+# Longest cross-word token, in characters: long enough for phrases like " steps in front of you".
+MAX_CROSS_WORD_TOKEN = 24
+WORD_RUN_REGEX = r"[A-Za-z0-9]+(?: [A-Za-z0-9]+)*"
 
 
 @dataclasses.dataclass
@@ -82,19 +85,23 @@ def environment_corpus() -> list[str]:
     return corpus
 
 
-def train_tokenizer(vocab: int, corpus: list[str]):
-    """Byte-level BPE with Qwen2's pre-tokenizer and the chat special tokens.
+def train_tokenizer(vocab: int, corpus: list[str], cross_word: bool = False):
+    """Byte-level BPE with the chat special tokens.
 
-    transformers loads any `qwen2` model's tokenizer as Qwen2Tokenizer, which imposes Qwen2's
-    split regex; training with that same regex keeps training and use identical (Llama models
-    load tokenizer.json as written, so the same tokenizer serves both)."""
+    By default it splits words with Qwen2's pre-tokenizer: transformers loads any `qwen2` model's
+    tokenizer as Qwen2Tokenizer, which imposes that split regex, so training with it keeps training
+    and use identical. ``cross_word`` merges across the spaces of a run of words but never across
+    punctuation, so an action phrase is the same tokens in a reply as in the observation's quoted
+    list of actions (a tiny model can then copy it) and episodes get about twice shorter; only
+    Llama models load such a tokenizer.json as written."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     tok = Tokenizer(models.BPE())
+    split = WORD_RUN_REGEX if cross_word else PRETOKENIZE_REGEX
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -102,6 +109,7 @@ def train_tokenizer(vocab: int, corpus: list[str]):
         vocab_size=vocab,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        max_token_length=MAX_CROSS_WORD_TOKEN if cross_word else None,
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
@@ -139,22 +147,33 @@ def _hf_config(spec: TinySpec, tokenizer):
     return LlamaConfig(tie_word_embeddings=False, attention_bias=False, mlp_bias=False, **common)
 
 
-def make_tiny_model(out: str, spec: TinySpec) -> str:
-    """Writes a random-init HF model directory at ``out`` and returns its path."""
+def build_model(spec: TinySpec, tokenizer):
+    """A random-init HF model for ``spec`` whose special ids are ``tokenizer``'s."""
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoModelForCausalLM
 
     spec.validate()
-    tokenizer = train_tokenizer(spec.vocab, environment_corpus())
-    config = _hf_config(spec, tokenizer)
     torch.manual_seed(spec.seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return AutoModelForCausalLM.from_config(_hf_config(spec, tokenizer), dtype=torch.float32)
+
+
+def save_model(model, tokenizer, spec: TinySpec, out: str) -> str:
+    """Writes the HF directory (weights, tokenizer, generation config, the spec it came from)."""
+    from transformers import GenerationConfig
+
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id, do_sample=True
+        eos_token_id=model.config.eos_token_id, pad_token_id=model.config.pad_token_id, do_sample=True
     ).save_pretrained(out)
     with open(os.path.join(out, "tiny_spec.json"), "w") as f:
         json.dump(dataclasses.asdict(spec), f, indent=2)
     return out
+
+
+def make_tiny_model(out: str, spec: TinySpec) -> str:
+    """Writes a random-init HF model directory at ``out`` and returns its path."""
+    spec.validate()
+    tokenizer = train_tokenizer(spec.vocab, environment_corpus())
+    return save_model(build_model(spec, tokenizer), tokenizer, spec, out)

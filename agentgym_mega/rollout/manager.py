@@ -71,6 +71,10 @@ class ChatTurns:
         )
         return self._encode(text)
 
+    def reply(self, text: str) -> list[int]:
+        """A reply as the engine would sample it: its tokens, then the end-of-turn token."""
+        return self._encode(text) + [self.eos_id]
+
     def after_reply(self, reply_ids: list[int], observation: str) -> list[int]:
         """Closes the assistant turn (the part the engine did not sample) and opens the next."""
         close = self._close

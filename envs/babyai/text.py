@@ -188,10 +188,11 @@ class BabyAIEnv:
         lines.append(walls)
         carrying = env.carrying
         lines.append(f"You are carrying a {_name(carrying)}." if carrying else "You are not carrying anything.")
-        lines.append("Available actions: " + json.dumps(self._available()))
+        lines.append("Available actions: " + json.dumps(self.available_actions()))
         return "\n".join(lines)
 
-    def _available(self) -> list[str]:
+    def available_actions(self) -> list[str]:
+        """The actions the observation lists (what random valid play chooses from)."""
         env = self._env
         actions = ["turn left", "turn right", "move forward"]
         for name, cell in self._visible.items():

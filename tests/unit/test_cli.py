@@ -5,7 +5,7 @@ import pytest
 from agentgym_mega.cli import build_parser
 from tests.conftest import run_cli
 
-SUBCOMMANDS = ["config", "make-tiny-model", "doctor", "env-server", "bench", "train", "eval"]
+SUBCOMMANDS = ["config", "make-tiny-model", "pretrain-tiny", "doctor", "env-server", "bench", "train", "eval"]
 
 
 def test_top_level_help_lists_every_subcommand():
@@ -38,6 +38,10 @@ def test_parser_registers_exactly_the_documented_subcommands():
     (["bench", "env", "--env", "textcraft", "--concurrency", "1,x"], "comma list of integers >= 1"),
     (["bench", "env", "--env", "textcraft", "--concurrency", "0"], "comma list of integers >= 1"),
     (["bench", "nothing"], "invalid choice"),
+    (["pretrain-tiny", "--out", "x", "--env", "textcraft"], "invalid choice"),
+    (["pretrain-tiny", "--out", "x", "--episodes", "0"], "not an integer >= 1"),
+    (["pretrain-tiny", "--out", "x", "--categories", "GoToRedBall,NoSuchLevel"], "unknown ['NoSuchLevel']"),
+    (["pretrain-tiny", "--out", "x", "--hidden", "96"], "multiple of 32"),
 ])
 def test_bad_arguments_exit_2(args, message):
     result = run_cli(*args)
