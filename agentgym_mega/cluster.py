@@ -64,16 +64,10 @@ class TrainerRank:
 
     def update_values(self, batch: dict) -> dict:
         """One optimizer step of the critic: clipped value loss against the returns."""
-        from agentgym_mega.algorithms import value_loss
+        from agentgym_mega.algorithms import critic_loss
 
         algorithm = self.cfg.algorithm
-
-        def loss_fn(values, mb):
-            loss, clip_fraction = value_loss(values, mb["old_values"], mb["returns"], mb["loss_mask"],
-                                             algorithm.value_clip, algorithm.loss_agg)
-            return loss, {"value_clip_fraction": clip_fraction}
-
-        return self.worker.update(batch, loss_fn)
+        return self.worker.update(batch, lambda values, mb: critic_loss(values, mb, algorithm))
 
     def sync_weights(self, engines: list, version: int, bucket_bytes: int, timeout_s: float):
         """Every rank gathers; rank 0 streams to `engines` and returns the transfer stats."""

@@ -229,6 +229,13 @@ class Config:
                 self.rollout.n_per_task >= 2, "rollout.n_per_task", self.rollout.n_per_task,
                 f">= 2 with algorithm.estimator={self.algorithm.estimator} (it compares samples of one task)",
             )
+        # Every DP rank trains on an equal slice of each mini-batch (and so of the whole batch).
+        per_mini = self.trainer.mini_batch_size * self.rollout.n_per_task
+        _require(
+            per_mini % self.parallel.dp == 0, "trainer.mini_batch_size", self.trainer.mini_batch_size,
+            f"mini_batch_size * rollout.n_per_task (here {self.trainer.mini_batch_size} * "
+            f"{self.rollout.n_per_task} = {per_mini} sequences) divisible by parallel.dp={self.parallel.dp}",
+        )
 
 
 class ConfigError(ValueError):

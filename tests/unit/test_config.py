@@ -74,6 +74,8 @@ BAD = [
     (["horizon.caps=[10,20]"], ["horizon.caps", "exactly one cap with schedule fixed"]),
     (["trainer.batch_size=32", "trainer.mini_batch_size=5"], ["trainer.mini_batch_size", "divisor"]),
     (["rollout.n_per_task=1"], ["rollout.n_per_task", "algorithm.estimator=grpo"]),
+    (["parallel.world_size=4", "trainer.mini_batch_size=1", "rollout.n_per_task=2"],
+     ["trainer.mini_batch_size", "1 * 2 = 2 sequences", "divisible by parallel.dp=4"]),
     (["rollout.top_p=0"], ["rollout.top_p", "(0, 1]"]),
     (["algorithm.dual_clip=0.5"], ["algorithm.dual_clip", "> 1"]),
     (["trainer=3"], ["trainer", "section"]),
