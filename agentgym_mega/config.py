@@ -203,6 +203,14 @@ class TrainerConfig:
 
 
 @section
+class ClusterConfig:
+    """Where Ray places the actors: `colocated` runs the engines on the trainer's GPUs (they sleep
+    while it trains), `split` gives them GPUs of their own; env servers always get CPU bundles."""
+
+    placement: Literal["colocated", "split"] = "colocated"
+
+
+@section
 class LoggingConfig:
     """Where metrics go: TensorBoard and JSONL under trainer.output_dir, and the console."""
 
@@ -221,6 +229,7 @@ class Config:
     algorithm: AlgorithmConfig = _default(AlgorithmConfig)
     horizon: HorizonConfig = _default(HorizonConfig)
     trainer: TrainerConfig = _default(TrainerConfig)
+    cluster: ClusterConfig = _default(ClusterConfig)
     logging: LoggingConfig = _default(LoggingConfig)
 
     def __post_init__(self):
@@ -228,6 +237,13 @@ class Config:
             _require(
                 self.rollout.n_per_task >= 2, "rollout.n_per_task", self.rollout.n_per_task,
                 f">= 2 with algorithm.estimator={self.algorithm.estimator} (it compares samples of one task)",
+            )
+        engine_gpus = self.rollout.num_engines * self.rollout.engine_tp
+        if self.cluster.placement == "colocated":
+            _require(
+                engine_gpus <= self.parallel.world_size, "cluster.placement", "colocated",
+                f"split, or rollout.num_engines * rollout.engine_tp (here {engine_gpus}) <= "
+                f"parallel.world_size={self.parallel.world_size}: colocated engines run on the trainer's GPUs",
             )
         # Every DP rank trains on an equal slice of each mini-batch (and so of the whole batch).
         per_mini = self.trainer.mini_batch_size * self.rollout.n_per_task
