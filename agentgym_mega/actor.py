@@ -20,8 +20,9 @@ from agentgym_mega.models.worker import ModelWorker
 # which stays finite, so entropy terms p * logit are 0 rather than NaN.
 _PADDED_LOGIT = -1e9
 
-# (logprobs [b, T], entropy [b, T], micro-batch) -> (loss, {metric: 0-d tensor})
-PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, dict], tuple[torch.Tensor, dict]]
+# (logprobs [b, T], entropy [b, T], micro-batch) -> (loss total, count, {metric: total}); the
+# step's loss is the ratio of the totals and counts over all micro-batches and DP ranks.
+PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, dict], tuple[torch.Tensor, torch.Tensor, dict]]
 
 
 def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -73,9 +74,7 @@ class MegatronActor(ModelWorker):
         def head(logits, mb):
             return logits.sum() * 0, {"logits": gather_from_tensor_model_parallel_region(logits)[..., :vocab]}
 
-        with torch.no_grad():
-            results = self.run({"input_ids": input_ids}, head, micro_batch_size)
-        return torch.cat([r["logits"] for r in results]).cpu()
+        return self.infer({"input_ids": input_ids}, head, ("logits",), micro_batch_size)["logits"]
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float = 1.0,
                  micro_batch_size: int | None = None) -> dict:
@@ -87,19 +86,17 @@ class MegatronActor(ModelWorker):
                 logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"], vocab, temperature)
             return logp.sum() * 0, {"logprobs": logp, "entropy": ent}
 
-        with torch.no_grad():
-            results = self.run({"input_ids": input_ids}, head, micro_batch_size)
-        return {k: torch.cat([r[k] for r in results]).cpu() for k in ("logprobs", "entropy")}
+        return self.infer({"input_ids": input_ids}, head, ("logprobs", "entropy"), micro_batch_size)
 
     def update(self, batch: dict, loss_fn: PolicyLossFn, temperature: float = 1.0,
                micro_batch_size: int | None = None) -> dict:
         """One optimizer step: ``loss_fn`` gets the differentiable log-probs and entropy of each
-        micro-batch of ``batch`` (which holds ``input_ids`` and whatever the loss needs)."""
+        micro-batch of this DP rank's slice of ``batch`` (which holds ``input_ids`` and whatever
+        the loss needs)."""
         vocab = self.hf_config.vocab_size
 
         def head(logits, mb):
             logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"], vocab, temperature)
-            loss, metrics = loss_fn(logp, ent, mb)
-            return loss, {"loss": loss.detach()} | {k: v.detach() for k, v in metrics.items()}
+            return loss_fn(logp, ent, mb)
 
         return self.train_step(batch, head, micro_batch_size)

@@ -1,4 +1,4 @@
-"""The trainer's ranks as Ray actors, driven as one group.
+"""Ray placement groups for a run, and the trainer's ranks as Ray actors driven as one group.
 
 Each rank is one process (one GPU on clusters, one CPU process here) that joins
 torch.distributed (NCCL or gloo) and holds its megatron-core shard. The driver calls a method
@@ -20,6 +20,83 @@ from agentgym_mega.config import to_dict, validate
 from agentgym_mega.network import free_port, reachable_ip
 
 ROLES = ("actor", "ref", "critic")
+PLACEMENT_TIMEOUT_S = 600.0
+
+
+class Placement:
+    """The run's placement groups and, per actor, the Ray options that put it in its bundle.
+
+    Trainer bundles: one per trainer rank (one GPU each), holding that rank of the actor, the
+    reference policy and the critic. `colocated`: engine j runs in trainer bundles
+    j * engine_tp ... (j + 1) * engine_tp - 1, sharing their GPUs; `split`: engines get bundles
+    of their own. Env servers started by the trainer get one-CPU bundles spread over the nodes.
+    In a cluster without GPUs every device bundle is one CPU instead: the same layout on CPU."""
+
+    def __init__(self, cfg, gpus: bool):
+        from ray.util.placement_group import placement_group
+
+        self.device = "GPU" if gpus else "CPU"
+        self.colocated = cfg.cluster.placement == "colocated"
+        self.engine_tp = cfg.rollout.engine_tp
+        roles = 1 + (cfg.algorithm.kl_coef > 0) + (cfg.algorithm.estimator == "gae")
+        # Actors sharing a bundle split its device evenly: Ray then gives them all the same GPU.
+        self.share = 1.0 / (roles + self.colocated)
+        unit = {self.device: 1}
+        self.trainer_group = placement_group([unit] * cfg.parallel.world_size, strategy="PACK")
+        engine_bundles = cfg.rollout.num_engines * cfg.rollout.engine_tp
+        self.engine_group = (self.trainer_group if self.colocated
+                             else placement_group([unit] * engine_bundles, strategy="PACK"))
+        self.env_group = (placement_group([{"CPU": 1}] * cfg.env.workers, strategy="SPREAD")
+                          if not cfg.env.server_urls else None)
+        self.groups = [g for g in (self.trainer_group, None if self.colocated else self.engine_group, self.env_group)
+                       if g is not None]
+        ready, _ = ray.wait([g.ready() for g in self.groups], num_returns=len(self.groups),
+                            timeout=PLACEMENT_TIMEOUT_S)
+        if len(ready) < len(self.groups):
+            self.remove()
+            raise RuntimeError(
+                f"placement groups not placed after {PLACEMENT_TIMEOUT_S:.0f} s: the run needs "
+                f"{[g.bundle_specs for g in self.groups]}, the cluster has {ray.cluster_resources()}")
+
+    @staticmethod
+    def cpus_needed(cfg) -> int:
+        """Logical CPUs that the bundles of a run on a cluster without GPUs reserve."""
+        split = cfg.cluster.placement == "split"
+        engines = cfg.rollout.num_engines * cfg.rollout.engine_tp if split else 0
+        return cfg.parallel.world_size + engines + (0 if cfg.env.server_urls else cfg.env.workers)
+
+    def _options(self, group, bundle: int, amount: float, **extra) -> dict:
+        """`amount` of the bundle's device (GPU, or CPU in a cluster without GPUs)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        resources = {"num_gpus": amount, "num_cpus": 0} if self.device == "GPU" else {"num_cpus": amount}
+        return resources | {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=bundle, **extra)}
+
+    def trainer(self, rank: int) -> dict:
+        """Ray options of trainer rank `rank` (of any role)."""
+        return self._options(self.trainer_group, rank, self.share)
+
+    def engine(self, index: int) -> dict:
+        """Ray options of engine `index`. With engine_tp > 1 (GPU) the engine's own process holds
+        no GPU: vLLM's Ray executor places one worker in each of the engine's bundles."""
+        first = index * self.engine_tp
+        amount = self.share if self.colocated else 1.0
+        if self.engine_tp == 1:
+            return self._options(self.engine_group, first, amount)
+        bundles = ",".join(str(b) for b in range(first, first + self.engine_tp))
+        return self._options(self.engine_group, first, 0, placement_group_capture_child_tasks=True) | {
+            "runtime_env": {"env_vars": {"VLLM_RAY_BUNDLE_INDICES": bundles,
+                                         "VLLM_RAY_PER_WORKER_GPUS": str(amount)}}}
+
+    def env_server(self, index: int) -> dict:
+        return self._options(self.env_group, index, 1.0) | {"num_cpus": 1, "num_gpus": 0}
+
+    def remove(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for group in self.groups:
+            remove_placement_group(group)
 
 
 class TrainerRank:
@@ -64,16 +141,10 @@ class TrainerRank:
 
     def update_values(self, batch: dict) -> dict:
         """One optimizer step of the critic: clipped value loss against the returns."""
-        from agentgym_mega.algorithms import value_loss
+        from agentgym_mega.algorithms import critic_loss
 
         algorithm = self.cfg.algorithm
-
-        def loss_fn(values, mb):
-            loss, clip_fraction = value_loss(values, mb["old_values"], mb["returns"], mb["loss_mask"],
-                                             algorithm.value_clip, algorithm.loss_agg)
-            return loss, {"value_clip_fraction": clip_fraction}
-
-        return self.worker.update(batch, loss_fn)
+        return self.worker.update(batch, lambda values, mb: critic_loss(values, mb, algorithm))
 
     def sync_weights(self, engines: list, version: int, bucket_bytes: int, timeout_s: float):
         """Every rank gathers; rank 0 streams to `engines` and returns the transfer stats."""
@@ -98,14 +169,15 @@ class TrainerRank:
 class TrainerGroup:
     """`world_size` TrainerRank actors of one role, set up and called together."""
 
-    def __init__(self, cfg, hf_dir: str, role: str = "actor"):
+    def __init__(self, cfg, hf_dir: str, role: str = "actor", placement: Placement | None = None):
         if role not in ROLES:
             raise ValueError(f"role {role!r}: allowed {', '.join(ROLES)}")
         world = cfg.parallel.world_size
-        # A GPU per rank on clusters; on CPU ranks share the cores, so they reserve none.
-        resources = {"num_gpus": 1} if platform.has_cuda() else {"num_cpus": 0}
-        remote = ray.remote(**resources)(TrainerRank)
-        self.ranks = [remote.remote() for _ in range(world)]
+        # Without a placement (tools, tests): a GPU per rank, or on CPU no reservation at all
+        # (ranks share the cores).
+        loose = {"num_gpus": 1} if platform.has_cuda() else {"num_cpus": 0}
+        self.ranks = [ray.remote(**(placement.trainer(i) if placement else loose))(TrainerRank).remote()
+                      for i in range(world)]
         master = ray.get(self.ranks[0].node_address.remote())
         ray.get([r.setup.remote(i, world, master, to_dict(cfg), hf_dir, role) for i, r in enumerate(self.ranks)])
 
@@ -130,24 +202,32 @@ class Stack:
         from agentgym_mega.rollout.tasks import select_tasks
 
         if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False)
+            # RAY_ADDRESS (slurm/train_scalinginter.sh sets it) joins a running cluster. A local
+            # Ray without GPUs is told of a CPU per bundle even on a smaller machine: the
+            # processes share the cores anyway, as they would unplaced.
+            joining = bool(os.environ.get("RAY_ADDRESS"))
+            cpus = None if joining or platform.has_cuda() else max(os.cpu_count() or 1, Placement.cpus_needed(cfg))
+            ray.init(address=None if joining else "local", num_cpus=cpus,
+                     include_dashboard=False, log_to_driver=False)
         self.cfg = cfg
+        self.placement = Placement(cfg, gpus=ray.cluster_resources().get("GPU", 0) >= 1)
         self.env_servers, urls = [], list(cfg.env.server_urls)
         if not urls:
-            self.env_servers, urls = start_servers(cfg.env.name, cfg.env.workers)
+            self.env_servers, urls = start_servers(cfg.env.name, cfg.env.workers, options=self.placement.env_server)
         self.env = EnvClient(urls)
         self.tasks = select_tasks(self.env.tasks(), cfg.env.split, cfg.env.task_ids, cfg.env.categories)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.engines = [
             launch_remote(cfg.model.path, tp=cfg.rollout.engine_tp, max_model_len=cfg.rollout.max_model_len,
-                          gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.trainer.seed + i)
+                          gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.trainer.seed + i,
+                          options=self.placement.engine(i))
             for i in range(cfg.rollout.num_engines)
         ]
         ray.get([e.health.remote() for e in self.engines])  # started before the first step's clock
-        self.actor = TrainerGroup(cfg, cfg.model.path, "actor")
+        self.actor = TrainerGroup(cfg, cfg.model.path, "actor", self.placement)
         kl_on = cfg.algorithm.kl_coef > 0
-        self.ref = TrainerGroup(cfg, cfg.model.path, "ref") if kl_on else None
-        self.critic = (TrainerGroup(cfg, cfg.model.critic_path or cfg.model.path, "critic")
+        self.ref = TrainerGroup(cfg, cfg.model.path, "ref", self.placement) if kl_on else None
+        self.critic = (TrainerGroup(cfg, cfg.model.critic_path or cfg.model.path, "critic", self.placement)
                        if cfg.algorithm.estimator == "gae" else None)
 
     def call_engines(self, method: str) -> None:
@@ -160,3 +240,4 @@ class Stack:
         self.env.shutdown()
         for actor in self.engines + self.env_servers:
             ray.kill(actor)
+        self.placement.remove()

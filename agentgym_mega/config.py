@@ -225,6 +225,14 @@ class EvalConfig:
 
 
 @section
+class ClusterConfig:
+    """Where Ray places the actors: `colocated` runs the engines on the trainer's GPUs (they sleep
+    while it trains), `split` gives them GPUs of their own; env servers always get CPU bundles."""
+
+    placement: Literal["colocated", "split"] = "colocated"
+
+
+@section
 class LoggingConfig:
     """Where metrics go: TensorBoard and JSONL under trainer.output_dir, and the console."""
 
@@ -244,6 +252,7 @@ class Config:
     horizon: HorizonConfig = _default(HorizonConfig)
     trainer: TrainerConfig = _default(TrainerConfig)
     eval: EvalConfig = _default(EvalConfig)
+    cluster: ClusterConfig = _default(ClusterConfig)
     logging: LoggingConfig = _default(LoggingConfig)
 
     def __post_init__(self):
@@ -252,6 +261,20 @@ class Config:
                 self.rollout.n_per_task >= 2, "rollout.n_per_task", self.rollout.n_per_task,
                 f">= 2 with algorithm.estimator={self.algorithm.estimator} (it compares samples of one task)",
             )
+        engine_gpus = self.rollout.num_engines * self.rollout.engine_tp
+        if self.cluster.placement == "colocated":
+            _require(
+                engine_gpus <= self.parallel.world_size, "cluster.placement", "colocated",
+                f"split, or rollout.num_engines * rollout.engine_tp (here {engine_gpus}) <= "
+                f"parallel.world_size={self.parallel.world_size}: colocated engines run on the trainer's GPUs",
+            )
+        # Every DP rank trains on an equal slice of each mini-batch (and so of the whole batch).
+        per_mini = self.trainer.mini_batch_size * self.rollout.n_per_task
+        _require(
+            per_mini % self.parallel.dp == 0, "trainer.mini_batch_size", self.trainer.mini_batch_size,
+            f"mini_batch_size * rollout.n_per_task (here {self.trainer.mini_batch_size} * "
+            f"{self.rollout.n_per_task} = {per_mini} sequences) divisible by parallel.dp={self.parallel.dp}",
+        )
 
 
 class ConfigError(ValueError):

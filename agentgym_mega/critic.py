@@ -10,8 +10,8 @@ import torch
 
 from agentgym_mega.models.worker import ModelWorker
 
-# (values [b, T], micro-batch) -> (loss, {metric: 0-d tensor})
-ValueLossFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, dict]]
+# (values [b, T], micro-batch) -> (loss total, count, {metric: total}), as for the actor
+ValueLossFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, torch.Tensor, dict]]
 
 
 class MegatronCritic(ModelWorker):
@@ -23,13 +23,7 @@ class MegatronCritic(ModelWorker):
             values = out.squeeze(-1).float()
             return values.sum() * 0, {"values": values}
 
-        with torch.no_grad():
-            results = self.run({"input_ids": input_ids}, head, micro_batch_size)
-        return torch.cat([r["values"] for r in results]).cpu()
+        return self.infer({"input_ids": input_ids}, head, ("values",), micro_batch_size)["values"]
 
     def update(self, batch: dict, loss_fn: ValueLossFn, micro_batch_size: int | None = None) -> dict:
-        def head(out, mb):
-            loss, metrics = loss_fn(out.squeeze(-1).float(), mb)
-            return loss, {"loss": loss.detach()} | {k: v.detach() for k, v in metrics.items()}
-
-        return self.train_step(batch, head, micro_batch_size)
+        return self.train_step(batch, lambda out, mb: loss_fn(out.squeeze(-1).float(), mb), micro_batch_size)

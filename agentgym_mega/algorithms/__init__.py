@@ -16,6 +16,8 @@ from agentgym_mega.algorithms.horizon import horizon_cap
 from agentgym_mega.algorithms.losses import (
     actor_loss,
     aggregate,
+    aggregate_parts,
+    critic_loss,
     entropy_bonus,
     kl_penalty,
     masked_mean,
@@ -25,7 +27,7 @@ from agentgym_mega.algorithms.losses import (
 )
 
 __all__ = [
-    "actor_loss", "aggregate", "compute_advantages", "entropy_bonus", "gae", "grpo_advantages", "horizon_cap", "kl_penalty",
+    "actor_loss", "aggregate", "aggregate_parts", "compute_advantages", "critic_loss", "entropy_bonus", "gae", "grpo_advantages", "horizon_cap", "kl_penalty",
     "masked_mean", "masked_whiten", "policy_loss", "reinforce_pp_advantages", "rloo_advantages",
     "value_loss",
 ]

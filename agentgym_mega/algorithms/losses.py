@@ -21,20 +21,30 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
     return (x - mean) * torch.rsqrt(var + eps) * mask.to(x.dtype)
 
 
+def aggregate_parts(loss: torch.Tensor, mask: torch.Tensor, agg: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(total, count) with ``aggregate = total / count``: both add up over any split of the batch
+    along sequences (micro-batches, DP ranks), so the parts of slices give the whole batch's
+    aggregate. The count is trained tokens for `token-mean` and sequences with trained tokens
+    for the `seq-mean-*` aggregations."""
+    mask = mask.to(loss.dtype)
+    if agg == "token-mean":
+        return (loss * mask).sum(), mask.sum()
+    tokens = mask.sum(-1)
+    if agg == "seq-mean-token-sum":
+        per_seq = (loss * mask).sum(-1)
+    elif agg == "seq-mean-token-mean":
+        per_seq = (loss * mask).sum(-1) / tokens.clamp_min(1.0)
+    else:
+        raise ValueError(f"loss aggregation {agg!r}: allowed {', '.join(AGGREGATIONS)}")
+    return per_seq.sum(), (tokens > 0).to(loss.dtype).sum()  # per_seq is 0 without tokens
+
+
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, agg: str) -> torch.Tensor:
     """Reduces a [batch, tokens] loss: `token-mean` weighs every token alike,
     `seq-mean-token-sum` sums each sequence then averages sequences, `seq-mean-token-mean`
     averages within each sequence first (every sequence weighs the same)."""
-    if agg == "token-mean":
-        return masked_mean(loss, mask)
-    has_tokens = (mask.sum(-1) > 0).to(loss.dtype)
-    if agg == "seq-mean-token-sum":
-        per_seq = (loss * mask.to(loss.dtype)).sum(-1)
-    elif agg == "seq-mean-token-mean":
-        per_seq = masked_mean(loss, mask, dim=-1)
-    else:
-        raise ValueError(f"loss aggregation {agg!r}: allowed {', '.join(AGGREGATIONS)}")
-    return (per_seq * has_tokens).sum() / has_tokens.sum().clamp_min(1.0)
+    total, count = aggregate_parts(loss, mask, agg)
+    return total / count.clamp_min(1.0)
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
@@ -65,17 +75,24 @@ def policy_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate (optionally dual-clipped). Returns (loss, clip_fraction), the
     fraction being the share of masked-in tokens where the clipped branch was taken."""
+    loss, clipped = clipped_surrogate(logp, old_logp, advantages, clip, dual_clip)
+    return aggregate(loss, mask, agg), masked_mean(clipped, mask)
+
+
+def clipped_surrogate(logp, old_logp, advantages, clip: float = 0.2,
+                      dual_clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO surrogate loss and where its clipped branch was taken (1.0 / 0.0)."""
     ratio = torch.exp(logp - old_logp)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
     loss = torch.maximum(unclipped, clipped)
-    clip_fraction = masked_mean((clipped > unclipped).float(), mask)
+    took_clip = (clipped > unclipped).to(loss.dtype)
     if dual_clip is not None:
         if dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
         # For negative advantages, bound the loss at -A * c so a huge ratio cannot explode it.
         loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
-    return aggregate(loss, mask, agg), clip_fraction
+    return loss, took_clip
 
 
 def value_loss(
@@ -88,11 +105,16 @@ def value_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss 0.5 * max((v - R)^2, (v_clip - R)^2), v_clip within `clip` of the old
     value. Returns (loss, clip_fraction)."""
+    loss, took_clip = clipped_value_error(values, old_values, returns, clip)
+    return aggregate(loss, mask, agg), masked_mean(took_clip, mask)
+
+
+def clipped_value_error(values, old_values, returns, clip: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped value loss and where the clipped branch was taken (1.0 / 0.0)."""
     clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
     unclipped = (values - returns) ** 2
     clipped = (clipped_values - returns) ** 2
-    loss = 0.5 * torch.maximum(unclipped, clipped)
-    return aggregate(loss, mask, agg), masked_mean((clipped > unclipped).float(), mask)
+    return 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).to(values.dtype)
 
 
 def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean") -> torch.Tensor:
@@ -100,18 +122,31 @@ def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, agg: str = "token-m
     return aggregate(entropy, mask, agg)
 
 
-def actor_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: dict, cfg) -> tuple[torch.Tensor, dict]:
-    """The policy objective of one (micro-)batch under `cfg` (an AlgorithmConfig): clipped
+def actor_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: dict, cfg) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The policy objective of one slice of a batch under `cfg` (an AlgorithmConfig): clipped
     surrogate, minus the entropy bonus, plus the KL penalty when it is a loss term.
-    `batch` holds old_logprobs, advantages, loss_mask and, for the KL term, ref_logprobs."""
-    mask = batch["loss_mask"]
-    pg, clip_fraction = policy_loss(logp, batch["old_logprobs"], batch["advantages"], mask,
-                                    cfg.clip, cfg.dual_clip, cfg.loss_agg)
-    ent = entropy_bonus(entropy, mask, cfg.loss_agg)
-    loss = pg - cfg.entropy_coef * ent
-    metrics = {"pg_loss": pg.detach(), "clip_fraction": clip_fraction, "entropy": ent.detach()}
+    `batch` holds old_logprobs, advantages, loss_mask and, for the KL term, ref_logprobs.
+    Returns (total, count, metric totals) as :func:`aggregate_parts` does, so that slices on
+    different DP ranks or micro-batches add up to the whole batch's objective; every metric is
+    aggregated like the loss (with token-mean, clip_fraction is the share of clipped tokens)."""
+    surrogate, took_clip = clipped_surrogate(logp, batch["old_logprobs"], batch["advantages"],
+                                             cfg.clip, cfg.dual_clip)
+    per_token = surrogate - cfg.entropy_coef * entropy
+    terms = {"pg_loss": surrogate, "entropy": entropy, "clip_fraction": took_clip}
     if cfg.kl_in == "loss" and cfg.kl_coef > 0:
-        kl = aggregate(kl_penalty(logp, batch["ref_logprobs"], cfg.kl_type), mask, cfg.loss_agg)
-        loss = loss + cfg.kl_coef * kl
-        metrics["kl"] = kl.detach()
-    return loss, metrics
+        kl = kl_penalty(logp, batch["ref_logprobs"], cfg.kl_type)
+        per_token = per_token + cfg.kl_coef * kl
+        terms["kl"] = kl
+    return _totals(per_token, terms, batch["loss_mask"], cfg.loss_agg)
+
+
+def critic_loss(values: torch.Tensor, batch: dict, cfg) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The clipped value loss of one slice against batch["returns"] (old_values, loss_mask too),
+    as (total, count, metric totals) like :func:`actor_loss`."""
+    loss, took_clip = clipped_value_error(values, batch["old_values"], batch["returns"], cfg.value_clip)
+    return _totals(loss, {"value_clip_fraction": took_clip}, batch["loss_mask"], cfg.loss_agg)
+
+
+def _totals(loss, terms: dict, mask, agg: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    total, count = aggregate_parts(loss, mask, agg)
+    return total, count, {k: aggregate_parts(v.detach(), mask, agg)[0] for k, v in terms.items()}

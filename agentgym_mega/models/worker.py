@@ -3,8 +3,9 @@ from a Hugging Face directory, run over micro-batches through megatron's pipelin
 when trainable, megatron's DDP, distributed optimizer (grad clipping) and LR scheduler.
 
 Batches are dicts of ``[B, T]`` tensors, right-padded (the causal mask then needs no attention
-mask: padding only follows real tokens). Results come back on every rank of the model-parallel
-group: the last pipeline stage computes them and broadcasts them to the other stages.
+mask: padding only follows real tokens). Every rank is handed the whole batch and works on its
+data-parallel slice (``B / dp`` sequences); per-sequence results are broadcast from the last
+pipeline stage and all-gathered over DP, so every rank returns the whole batch's results in order.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import torch.distributed as dist
 
 from agentgym_mega.models import checkpoint, gpt, weights
 
-# (model output on the last stage, micro-batch) -> (loss to backpropagate, results per sample)
-HeadFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, dict]]
+# (model output on the last stage, micro-batch) -> (loss, results per sample) when only running
+# forward; when training (loss total, count, metric totals), see ModelWorker.train_step.
+HeadFn = Callable[[torch.Tensor, dict], tuple]
 
 
 def lr_decay_steps(trainer) -> int:
@@ -51,6 +53,10 @@ class ModelWorker:
             self.model = model
             return
         config = model.config
+        # Losses come back as (total, count): megatron sums them over micro-batches and DP ranks
+        # and divides the gradients by the global count, so a DP slice weighs by its share of the
+        # trained tokens (or sequences) rather than by 1 / dp.
+        config.calculate_per_token_loss = True
         self.model = DistributedDataParallel(
             config=config,
             ddp_config=DistributedDataParallelConfig(
@@ -96,6 +102,37 @@ class ModelWorker:
             wd_incr_style="constant",
         )
         return optimizer, scheduler
+
+    # -- data parallelism --------------------------------------------------------------------
+
+    def dp_slice(self, batch: dict) -> dict:
+        """This DP rank's contiguous share of a whole batch (every rank is given the whole batch)."""
+        from megatron.core import parallel_state
+
+        dp, rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+        size = len(batch["input_ids"])
+        if size % dp:
+            raise ValueError(f"batch of {size} sequences does not split over {dp} data-parallel ranks")
+        share = size // dp
+        return {k: v[rank * share: (rank + 1) * share] for k, v in batch.items()}
+
+    def dp_gather(self, local: torch.Tensor) -> torch.Tensor:
+        """The DP slices' results concatenated in DP rank order (the inverse of dp_slice)."""
+        from megatron.core import parallel_state
+
+        group = parallel_state.get_data_parallel_group()
+        if dist.get_world_size(group) == 1:
+            return local.cpu()
+        local = local.to(next(self.model.parameters()).device).contiguous()
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, local, group=group)
+        return torch.cat(parts).cpu()
+
+    def infer(self, batch: dict, head: HeadFn, keys: tuple, micro_batch_size: int | None = None) -> dict:
+        """Forward only over this rank's DP slice; ``{key: [B, ...]}`` for the whole batch."""
+        with torch.no_grad():
+            results = self.run(self.dp_slice(batch), head, micro_batch_size)
+        return {k: self.dp_gather(torch.cat([r[k] for r in results])) for k in keys}
 
     # -- running micro-batches -------------------------------------------------------------
 
@@ -156,11 +193,27 @@ class ModelWorker:
         self.optimizer.zero_grad()
 
     def train_step(self, batch: dict, head: HeadFn, micro_batch_size: int | None = None) -> dict:
-        """One optimizer step on ``batch``: metrics averaged over micro-batches, plus grad norm and lr."""
+        """One optimizer step on the whole ``batch``, each DP rank running its slice. ``head``
+        returns ``(loss total, count, {metric: total})`` for a micro-batch: totals and counts add
+        up over micro-batches and DP ranks, and the step's loss is their global ratio (megatron
+        divides the gradients by the global count). Returns each metric's total over the global
+        count, with ``loss``, grad norm and lr."""
+        from megatron.core import parallel_state
+
+        def counted(out, mb):
+            total, count, metrics = head(out, mb)
+            count = count.to(torch.int)  # megatron adds the counts up in an int tensor
+            return total, count, {"loss": total.detach(), "count": count} | {k: v.detach() for k, v in metrics.items()}
+
         self.zero_grad()
-        results = self.run(batch, head, micro_batch_size, forward_only=False)
-        metrics = {k: float(torch.stack([r[k] for r in results]).float().mean()) for k in results[0]}
-        return metrics | self.step()
+        results = self.run(self.dp_slice(batch), counted, micro_batch_size, forward_only=False)
+        names = sorted(results[0])
+        totals = torch.stack([torch.stack([r[k] for r in results]).double().sum() for k in names])
+        totals = totals.to(next(self.model.parameters()).device)
+        dist.all_reduce(totals, group=parallel_state.get_data_parallel_group())
+        sums = dict(zip(names, totals.tolist()))
+        count = max(sums.pop("count"), 1.0)
+        return {k: v / count for k, v in sums.items()} | self.step()
 
     # -- weights out and checkpoints -------------------------------------------------------
 

@@ -139,8 +139,9 @@ def wait_healthy(url: str, timeout: float = 120.0) -> dict:
 
 
 def start_servers(env: str, workers: int, max_instances: int = 512, idle_timeout: float = 600.0,
-                  num_cpus: float = 1) -> tuple[list, list[str]]:
+                  num_cpus: float = 1, options=None) -> tuple[list, list[str]]:
     """Starts `workers` servers as Ray actors on CPU (num_gpus=0); returns (actors, urls).
+    `options(i)`, when given, are server i's Ray actor options (see cluster.Placement).
 
     Keep the actors referenced: a server lives as long as its actor.
     """
@@ -150,7 +151,7 @@ def start_servers(env: str, workers: int, max_instances: int = 512, idle_timeout
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False)
-    actor_cls = ray.remote(num_gpus=0, num_cpus=num_cpus)(EnvServerActor)
-    actors = [actor_cls.remote(env, max_instances, idle_timeout) for _ in range(workers)]
+    actors = [ray.remote(**(options(i) if options else {"num_gpus": 0, "num_cpus": num_cpus}))(EnvServerActor)
+              .remote(env, max_instances, idle_timeout) for i in range(workers)]
     urls = ray.get([a.url.remote() for a in actors])
     return actors, urls

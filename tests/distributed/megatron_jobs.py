@@ -33,8 +33,10 @@ def tokens(vocab: int, batch: int = 4, seq: int = SEQ, seed: int = 0) -> torch.T
 
 
 def sft_loss(logp, entropy, mb):
-    """A fixed loss to minimise: mean negative log-likelihood of the batch's tokens."""
-    return -logp[:, 1:].mean(), {"entropy": entropy[:, 1:].mean()}
+    """A fixed loss to minimise: mean negative log-likelihood of the batch's tokens, as the
+    (total, count, metric totals) the workers take."""
+    count = torch.tensor(logp[:, 1:].numel())
+    return -logp[:, 1:].sum(), count, {"entropy": entropy[:, 1:].sum()}
 
 
 def train(actor, steps: range, ids) -> list[dict]:
@@ -100,8 +102,46 @@ def training_job(models: dict, work: str) -> dict:
     return out
 
 
+def data_parallel_job(world: int, hf_dir: str, aggs: list[str]) -> dict:
+    """At DP = ``world`` (TP = PP = 1): log-probs, entropy and critic values of a fixed batch of
+    8; then, per loss aggregation, one PPO update (KL and entropy terms on) from the HF weights,
+    in micro-batches of 2, with the weights before and after."""
+    from agentgym_mega.algorithms import actor_loss
+    from agentgym_mega.config import to_dict
+
+    platform.init_distributed(tp=1, pp=1, seed=0)
+    cfg = make_config(1, 1, world)
+    ref = MegatronActor(hf_dir, cfg, trainable=False)
+    ids = tokens(ref.hf_config.vocab_size, batch=8, seed=2)
+    out = ref.logprobs(ids, micro_batch_size=2)
+    del ref
+    critic = MegatronCritic(hf_dir, cfg)
+    out["values"] = critic.values(ids, micro_batch_size=2)
+    del critic
+    gen = torch.Generator().manual_seed(3)
+    mask = torch.zeros(ids.shape)
+    mask[:4, 1:] = torch.rand(4, SEQ - 1, generator=gen) < 0.2  # the first DP half: sparse
+    mask[4:, 2:] = 1.0
+    mask[5] = 0.0  # a sequence without trained tokens
+    batch = {"input_ids": ids, "loss_mask": mask,
+             "old_logprobs": out["logprobs"] + 0.3 * torch.randn(ids.shape, generator=gen),
+             "ref_logprobs": out["logprobs"] + 0.1 * torch.randn(ids.shape, generator=gen),
+             "advantages": torch.randn(ids.shape, generator=gen)}
+    for agg in aggs:
+        data = to_dict(cfg)
+        data["algorithm"].update(loss_agg=agg, kl_coef=0.1, kl_type="k3", entropy_coef=0.01)
+        agg_cfg = validate(data)
+        actor = MegatronActor(hf_dir, agg_cfg)
+        before = {k: v.clone() for k, v in actor.export_hf()}
+        metrics = actor.update(batch, lambda logp, ent, mb: actor_loss(logp, ent, mb, agg_cfg.algorithm),
+                               micro_batch_size=2)
+        out[agg] = {"metrics": metrics, "before": before, "after": {k: v.clone() for k, v in actor.export_hf()}}
+        del actor
+    return out
+
+
 def value_loss(values, mb):
-    return ((values - mb["returns"]) ** 2).mean(), {}
+    return ((values - mb["returns"]) ** 2).sum(), torch.tensor(values.numel()), {}
 
 
 def kill_during_save(hf_dir: str, root: str) -> None:

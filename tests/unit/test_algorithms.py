@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from agentgym_mega.algorithms import (
-    aggregate, entropy_bonus, gae, grpo_advantages, horizon_cap, kl_penalty, policy_loss,
+    aggregate, aggregate_parts, critic_loss, entropy_bonus, gae, grpo_advantages, horizon_cap, kl_penalty, policy_loss,
     reinforce_pp_advantages, rloo_advantages, value_loss,
 )
 from agentgym_mega.config import HorizonConfig
@@ -111,6 +111,26 @@ def test_aggregations():
         aggregate(loss, mask, "sum")
 
 
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_aggregate_parts_of_slices_add_up_to_the_whole_batch(agg):
+    # What DP slicing relies on: slices of unequal token counts, summed part by part, give the
+    # aggregate of the whole batch (a mean of the slices' means would not).
+    loss = torch.arange(12.0).reshape(4, 3)
+    mask = T([[1, 1, 1], [1, 0, 0], [0, 0, 0], [1, 1, 0]])
+    parts = [aggregate_parts(loss[i: i + 2], mask[i: i + 2], agg) for i in (0, 2)]
+    total, count = (sum(p[i] for p in parts) for i in (0, 1))
+    torch.testing.assert_close(total / count, aggregate(loss, mask, agg))
+
+
+def test_critic_loss_totals():
+    from agentgym_mega.config import AlgorithmConfig
+
+    batch = {"old_values": T([[1.0, 1.0]]), "returns": T([[2.0, 2.0]]), "loss_mask": torch.ones(1, 2)}
+    total, count, metrics = critic_loss(T([[1.5, 1.1]]), batch, AlgorithmConfig(value_clip=0.2))
+    torch.testing.assert_close(total / count, T((0.32 + 0.405) / 2))  # as in test_value_loss_clipping
+    torch.testing.assert_close(metrics["value_clip_fraction"] / count, T(0.5))
+
+
 def test_value_loss_clipping():
     returns, old, mask = T([[2.0, 2.0]]), T([[1.0, 1.0]]), torch.ones(1, 2)
     # v=1.5 clipped to 1.2: max(0.25, 0.64) -> 0.32; v=1.1 inside the clip: 0.81 -> 0.405
@@ -143,13 +163,14 @@ def test_actor_loss_combines_surrogate_entropy_and_kl():
              "ref_logprobs": T([[-2.0, -2.0]])}
     entropy = T([[0.5, 1.5]])
     cfg = AlgorithmConfig(kl_type="k1", kl_coef=0.1, entropy_coef=0.01, kl_in="loss")
-    loss, metrics = actor_loss(logp, entropy, batch, cfg)
-    # ratio 1: surrogate -1; entropy mean 1.0; k1 KL mean (1 + 0) / 2 = 0.5
-    torch.testing.assert_close(loss, T(-1.0 - 0.01 * 1.0 + 0.1 * 0.5))
-    torch.testing.assert_close(metrics["kl"], T(0.5))
+    total, count, metrics = actor_loss(logp, entropy, batch, cfg)
+    # token-mean over 2 tokens. ratio 1: surrogate -1 each; entropy 0.5 + 1.5; k1 KL 1 + 0
+    torch.testing.assert_close(count, T(2.0))
+    torch.testing.assert_close(total / count, T(-1.0 - 0.01 * 1.0 + 0.1 * 0.5))
+    torch.testing.assert_close(metrics["kl"], T(1.0))
     cfg = AlgorithmConfig(kl_in="reward", entropy_coef=0.0)  # KL handled in the reward instead
-    loss, metrics = actor_loss(logp, entropy, batch, cfg)
-    torch.testing.assert_close(loss, T(-1.0))
+    total, count, metrics = actor_loss(logp, entropy, batch, cfg)
+    torch.testing.assert_close(total / count, T(-1.0))
     assert "kl" not in metrics
 
 

@@ -7,6 +7,8 @@ trainer's ZMQ sender itself, so weights never pass through the engine's front-en
 
 from __future__ import annotations
 
+import os
+
 from agentgym_mega import platform
 from agentgym_mega.rollout.engines.base import Generation, InferenceEngine, SamplingConfig
 
@@ -43,6 +45,9 @@ class VLLMEngine(InferenceEngine):
             enable_sleep_mode=self._gpu,
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=not self._gpu,
+            # An engine placed over several bundles (cluster.Placement, engine_tp > 1): vLLM's
+            # Ray executor puts one worker in each of the bundles this variable names.
+            distributed_executor_backend="ray" if os.environ.get("VLLM_RAY_BUNDLE_INDICES") else None,
         )
         self.version = 0
         self.sleeping = False
@@ -94,10 +99,11 @@ class VLLMEngine(InferenceEngine):
         self.llm.llm_engine.engine_core.shutdown()
 
 
-def launch_remote(model: str, *, tp: int = 1, **kwargs):
+def launch_remote(model: str, *, tp: int = 1, options: dict | None = None, **kwargs):
     """Starts a VLLMEngine in its own Ray actor process (ray.init must have run) and returns
-    the actor handle; on GPU it reserves `tp` GPUs, on CPU one core."""
+    the actor handle. `options`: Ray actor options (a placement, see cluster.Placement);
+    without them it reserves `tp` GPUs on GPU, one core on CPU."""
     import ray
 
-    resources = {"num_gpus": tp} if platform.has_cuda() else {"num_cpus": 1}
+    resources = options or ({"num_gpus": tp} if platform.has_cuda() else {"num_cpus": 1})
     return ray.remote(**resources)(VLLMEngine).remote(model, tp=tp, **kwargs)

@@ -1,0 +1,115 @@
+"""Placement groups on a local Ray told of 4 logical GPUs (no hardware needed): the options
+cluster.Placement gives each actor put it where the layout says. Probe actors report what Ray
+assigned them (placement group, GPU ids); colocated engines share the trainer's GPUs, split
+engines get others, env servers get CPUs only."""
+
+import pytest
+import ray
+
+from agentgym_mega.cluster import Placement
+from agentgym_mega.config import load_config
+
+pytestmark = pytest.mark.slow  # two dozen actor processes: about 40 s on 2 idle cores
+
+
+class Probe:
+    def where(self) -> dict:
+        context = ray.get_runtime_context()
+        return {"group": context.get_placement_group_id(), "node": context.get_node_id(),
+                "gpus": sorted(ray.get_gpu_ids()), "resources": context.get_assigned_resources()}
+
+
+@pytest.fixture(scope="module")
+def logical_gpus():
+    ray.init(address="local", num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def layouts(logical_gpus) -> dict:
+    """Where each probe landed, per layout (actors start slowly on 2 cores: each layout once)."""
+    return {"colocated": landed(config("colocated")), "split": landed(config("split")),
+            "cpu": landed(config("colocated"), gpus=False)}
+
+
+def config(placement: str, *extra: str):
+    # kl on: each trainer bundle holds an actor and a reference rank
+    return load_config(None, ["parallel.world_size=2", "parallel.tp=1", "rollout.num_engines=2",
+                              "algorithm.kl_coef=0.001", "env.workers=2", f"cluster.placement={placement}", *extra])
+
+
+def landed(cfg, gpus: bool = True) -> dict:
+    placement = Placement(cfg, gpus=gpus)
+    try:
+        probes = {("actor", i): placement.trainer(i) for i in range(2)}
+        probes |= {("ref", i): placement.trainer(i) for i in range(2)}
+        probes |= {("engine", i): placement.engine(i) for i in range(2)}
+        probes |= {("env", i): placement.env_server(i) for i in range(2)}
+        actors = {key: ray.remote(**options)(Probe).remote() for key, options in probes.items()}
+        where = dict(zip(actors, ray.get([a.where.remote() for a in actors.values()])))
+        for actor in actors.values():
+            ray.kill(actor)
+        return where | {"groups": {name: g.id.hex() for name, g in
+                                   (("trainer", placement.trainer_group), ("engine", placement.engine_group))}}
+    finally:
+        placement.remove()
+
+
+def test_colocated_engines_share_the_trainer_bundles(layouts):
+    where = layouts["colocated"]
+    trainer_group = where["groups"]["trainer"]
+    assert where["groups"]["engine"] == trainer_group
+    for i in range(2):
+        actor, ref, engine = where[("actor", i)], where[("ref", i)], where[("engine", i)]
+        assert actor["group"] == ref["group"] == engine["group"] == trainer_group
+        assert len(actor["gpus"]) == 1 and actor["gpus"] == ref["gpus"] == engine["gpus"]  # one GPU, three actors
+        assert engine["resources"] == {"GPU": pytest.approx(1 / 3, abs=1e-4)}  # Ray keeps 4 decimals
+    assert where[("actor", 0)]["gpus"] != where[("actor", 1)]["gpus"]
+
+
+def test_split_engines_get_their_own_bundles(layouts):
+    where = layouts["split"]
+    trainer_gpus = {g for i in range(2) for g in where[("actor", i)]["gpus"] + where[("ref", i)]["gpus"]}
+    engine_gpus = [where[("engine", i)]["gpus"] for i in range(2)]
+    assert len(trainer_gpus) == 2 and all(len(g) == 1 for g in engine_gpus)
+    assert not trainer_gpus & set(engine_gpus[0] + engine_gpus[1]) and engine_gpus[0] != engine_gpus[1]
+    assert where["groups"]["engine"] != where["groups"]["trainer"]
+    for i in range(2):
+        assert where[("engine", i)]["group"] == where["groups"]["engine"]
+        assert where[("actor", i)]["group"] == where["groups"]["trainer"]
+        assert where[("actor", i)]["resources"] == {"GPU": pytest.approx(0.5)}  # actor + ref share a GPU
+
+
+@pytest.mark.parametrize("placement", ["colocated", "split", "cpu"])
+def test_env_servers_get_cpu_bundles_of_their_own(layouts, placement):
+    where = layouts[placement]
+    for i in range(2):
+        server = where[("env", i)]
+        assert server["gpus"] == [] and server["resources"] == {"CPU": 1.0}
+        assert server["group"] not in where["groups"].values()
+
+
+def test_without_gpus_the_same_layout_uses_cpu_bundles(layouts):
+    where = layouts["cpu"]
+    assert all(w["gpus"] == [] for key, w in where.items() if key != "groups")
+    assert where[("engine", 0)]["group"] == where[("actor", 0)]["group"]
+    assert where[("actor", 0)]["resources"] == {"CPU": pytest.approx(1 / 3, abs=1e-4)}
+
+
+def test_engine_tp_spans_consecutive_bundles_through_vllms_ray_executor(logical_gpus):
+    placement = Placement(config("split", "rollout.engine_tp=2", "rollout.num_engines=1"), gpus=True)
+    try:
+        options = placement.engine(0)
+        assert options["num_gpus"] == 0  # vLLM's workers hold the GPUs, one per bundle
+        assert options["runtime_env"]["env_vars"] == {"VLLM_RAY_BUNDLE_INDICES": "0,1",
+                                                      "VLLM_RAY_PER_WORKER_GPUS": "1.0"}
+        assert options["scheduling_strategy"].placement_group_capture_child_tasks
+    finally:
+        placement.remove()
+
+
+def test_a_cluster_too_small_is_named(logical_gpus, monkeypatch):
+    monkeypatch.setattr("agentgym_mega.cluster.PLACEMENT_TIMEOUT_S", 1.0)
+    with pytest.raises(RuntimeError, match="placement groups not placed"):
+        Placement(config("split", "parallel.world_size=4"), gpus=True)  # 4 + 2 GPUs of 4
