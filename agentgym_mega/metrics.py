@@ -75,7 +75,7 @@ class MetricsLogger:
             self.tb.close()
 
 
-def plot_rewards(output_dir: str, window: int = 10) -> str:
+def plot_rewards(output_dir: str, title: str = "", window: int = 10) -> str:
     """Writes ``reward_curve.png`` from the run's ``metrics.jsonl``: training reward and success
     per step (raw and a ``window``-step moving average), held-out evaluations as points, and the
     turn cap's stages. Returns the file's path."""
@@ -105,7 +105,7 @@ def plot_rewards(output_dir: str, window: int = 10) -> str:
         if cap != before:
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
             ax.text(step, 1.02, f"cap {cap}", fontsize=8, color="grey")
-    ax.set(xlabel="step", ylabel="score", ylim=(0, 1.08), title=f"{os.path.basename(os.path.abspath(output_dir))}")
+    ax.set(xlabel="step", ylabel="score", ylim=(0, 1.08), title=title or os.path.abspath(output_dir))
     ax.legend(loc="lower right", fontsize=8)
     path = os.path.join(output_dir, "reward_curve.png")
     fig.savefig(path, dpi=120, bbox_inches="tight")

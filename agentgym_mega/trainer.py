@@ -112,7 +112,8 @@ def train(cfg, resume: bool = False) -> dict:
         if evaluate and len(evaluate.history) > 1:
             tqdm.write(evaluate.summary())
         if cfg.logging.jsonl:
-            tqdm.write(f"reward curve: {plot_rewards(cfg.trainer.output_dir)}")
+            title = f"{cfg.logging.experiment}: {cfg.env.name} {', '.join(cfg.env.categories or [])}"
+            tqdm.write(f"reward curve: {plot_rewards(cfg.trainer.output_dir, title)}")
         return metrics
     finally:
         stack.shutdown()

@@ -30,7 +30,7 @@ def test_reward_curve_is_written_from_metrics_with_evals_and_a_resumed_step(tmp_
               for s in range(1, 7)]
     lines += [{"step": 6, "reward/mean": 0.7, "reward/success_rate": 0.7, "horizon/cap": 4, "eval/success": 0.8}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    path = plot_rewards(str(tmp_path), window=3)
+    path = plot_rewards(str(tmp_path), "a run", window=3)
     assert path == str(tmp_path / "reward_curve.png")
     data = (tmp_path / "reward_curve.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
