@@ -152,6 +152,9 @@ def export_hf(model, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
     params = {n: p for n, p in named_global_params(model) if not _is_value_head(model, n)}
     owner = _stage_of_each_param(set(params))
     sample = next(iter(params.values()))
+    # Gather buffers by shard shape, reused from layer to layer (fresh pages are slow to fault
+    # in): at TP > 1, to_hf copies every gathered layout out of them.
+    scratch = {}
     for name, rule in global_rules(hf_config, gpt.te_available()).items():
         if not rule.exported:
             continue
@@ -161,9 +164,14 @@ def export_hf(model, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
         if owner[name] == my_stage:
             local = params[name].detach()
             shards = [local]
-            if len(tp_ranks) > 1:
+            if len(tp_ranks) > 1 and rule.layout != "replicated":  # replicated: the first rank has it
                 local = local.contiguous()
-                shards = [torch.empty_like(local) for _ in tp_ranks] if first_in_tp else None
+                shards = None
+                if first_in_tp:
+                    key = (local.shape, local.dtype)
+                    if key not in scratch:
+                        scratch[key] = [torch.empty_like(local) for _ in tp_ranks]
+                    shards = scratch[key]
                 dist.gather(local, shards, dst=tp_ranks[0], group=tp_group)
             if first_in_tp:
                 tensors = mapping.to_hf(rule, shards, geo)
