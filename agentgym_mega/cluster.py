@@ -3,8 +3,8 @@
 Each rank is one process (one GPU on clusters, one CPU process here) that joins
 torch.distributed (NCCL or gloo) and holds its megatron-core shard. The driver calls a method
 on every rank at once (megatron work is collective) and takes rank 0's answer, which all ranks
-share. Weight sync runs inside the ranks: all of them gather HF tensors from their shards, rank
-0 streams them to the engines.
+share. Weight sync runs inside the ranks: they gather HF tensors from their shards to rank 0,
+which streams them to the engines.
 """
 
 from __future__ import annotations
@@ -147,7 +147,8 @@ class TrainerRank:
         return self.worker.update(batch, lambda values, mb: critic_loss(values, mb, algorithm))
 
     def sync_weights(self, engines: list, version: int, bucket_bytes: int, timeout_s: float):
-        """Every rank gathers; rank 0 streams to `engines` and returns the transfer stats."""
+        """Every rank takes part in the gather to rank 0, which streams to `engines` and returns
+        the transfer stats."""
         named = self.worker.export_hf()
         if dist.get_rank() != 0:
             for _ in named:  # the gather is collective: take part, send nothing

@@ -200,22 +200,28 @@ def to_megatron(rule: Rule, tensors: list[torch.Tensor], geo: Geometry, tp_rank:
     raise MappingError(f"{name}: unknown layout {rule.layout!r}")
 
 
+def _cat(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """torch.cat, except that a single tensor comes back as itself (TP=1: a view, no copy)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim)
+
+
 def to_hf(rule: Rule, shards: list[torch.Tensor], geo: Geometry) -> list[torch.Tensor]:
-    """Every TP rank's shard of a megatron parameter (in TP rank order) -> full HF tensors."""
+    """Every TP rank's shard of a megatron parameter (in TP rank order) -> full HF tensors.
+    Where the HF tensor is a slice of one shard (TP=1), it is a view of that shard, not a copy;
+    Q, K and V always copy once (their rows interleave per query group)."""
     if rule.layout == "replicated":
         return [shards[0]]
     if rule.layout == "row":
-        return [torch.cat(shards, 1)]
+        return [_cat(shards, 1)]
     if rule.layout == "vocab":
-        return [torch.cat(shards, 0)[: geo.vocab]]
+        return [_cat(shards, 0)[: geo.vocab]]
     if rule.layout == "qkv":
-        fused = torch.cat(shards, 0)
-        tail = fused.shape[1:]
-        per_group = fused.reshape(geo.kv_heads, -1, *tail)
+        tail = shards[0].shape[1:]
         q_rows = geo.heads // geo.kv_heads * geo.head_dim
-        q, k, v = per_group.split([q_rows, geo.head_dim, geo.head_dim], dim=1)
-        return [x.reshape(-1, *tail).contiguous() for x in (q, k, v)]
+        per_group = [s.reshape(-1, q_rows + 2 * geo.head_dim, *tail) for s in shards]
+        parts = zip(*(g.split([q_rows, geo.head_dim, geo.head_dim], dim=1) for g in per_group))
+        return [torch.cat(p, 0).reshape(-1, *tail) for p in parts]
     if rule.layout == "gate_up":
         halves = [s.chunk(2, 0) for s in shards]
-        return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
+        return [_cat([h[0] for h in halves], 0), _cat([h[1] for h in halves], 0)]
     raise MappingError(f"{rule.megatron}: unknown layout {rule.layout!r}")

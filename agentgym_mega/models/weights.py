@@ -2,8 +2,9 @@
 through the architecture's table in :mod:`agentgym_mega.models.mapping`.
 
 * :func:`load_hf_weights`: every rank reads the HF tensors its parameters need and keeps its shard.
-* :func:`export_hf`: yields ``(hf_name, full tensor)`` on every rank, all-gathering inside TP and
-  broadcasting across PP stages; the weight synchroniser streams these, :func:`save_hf` writes them.
+* :func:`export_hf`: yields ``(hf_name, full tensor)`` on the model-parallel group's first rank,
+  gathering TP shards and PP stages to it; the weight synchroniser streams these, :func:`save_hf`
+  writes them.
 """
 
 from __future__ import annotations
@@ -134,35 +135,56 @@ def _stage_of_each_param(local_names: set[str]) -> dict[str, int]:
 
 @torch.no_grad()
 def export_hf(model, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields every HF tensor, full and unpadded, on every rank of the model-parallel group, in a
-    fixed order. A collective: all TP and PP ranks must consume the iterator together."""
+    """Yields every HF tensor, full and unpadded, in a fixed order, on the model-parallel group's
+    first rank (TP rank 0 of PP stage 0); the other ranks yield nothing. A collective: all TP and
+    PP ranks must drain the iterator together. Only that rank needs the tensors (it writes or
+    streams them), so TP shards are gathered to it alone and other stages send it theirs. At TP=1
+    tensors can be views of the parameters: use them before the weights change."""
     from megatron.core import parallel_state
 
     tp_group = parallel_state.get_tensor_model_parallel_group()
-    tp_size = dist.get_world_size(tp_group)
+    tp_ranks = dist.get_process_group_ranks(tp_group)
+    first_in_tp = parallel_state.get_tensor_model_parallel_rank() == 0
     pp_group = parallel_state.get_pipeline_model_parallel_group()
     pp_ranks = dist.get_process_group_ranks(pp_group)
     my_stage = parallel_state.get_pipeline_model_parallel_rank()
     geo = _geometry(hf_config, model)
     params = {n: p for n, p in named_global_params(model) if not _is_value_head(model, n)}
     owner = _stage_of_each_param(set(params))
+    sample = next(iter(params.values()))
+    # Gather buffers by shard shape, reused from layer to layer (fresh pages are slow to fault
+    # in): at TP > 1, to_hf copies every gathered layout out of them.
+    scratch = {}
     for name, rule in global_rules(hf_config, gpt.te_available()).items():
         if not rule.exported:
             continue
         if name not in owner:
             raise MappingError(f"{name}: held by no pipeline stage")
+        tensors = None
         if owner[name] == my_stage:
-            local = params[name].detach().contiguous()
-            shards = [torch.empty_like(local) for _ in range(tp_size)]
-            dist.all_gather(shards, local, group=tp_group)
-            tensors = mapping.to_hf(rule, shards, geo)
-        else:
-            sample = next(iter(params.values()))
-            tensors = [torch.empty(geo.hf_shape(h), dtype=sample.dtype, device=sample.device) for h in rule.hf]
-        if len(pp_ranks) > 1:
-            for t in tensors:
-                dist.broadcast(t, src=pp_ranks[owner[name]], group=pp_group)
-        yield from zip(rule.hf, tensors)
+            local = params[name].detach()
+            shards = [local]
+            if len(tp_ranks) > 1 and rule.layout != "replicated":  # replicated: the first rank has it
+                local = local.contiguous()
+                shards = None
+                if first_in_tp:
+                    key = (local.shape, local.dtype)
+                    if key not in scratch:
+                        scratch[key] = [torch.empty_like(local) for _ in tp_ranks]
+                    shards = scratch[key]
+                dist.gather(local, shards, dst=tp_ranks[0], group=tp_group)
+            if first_in_tp:
+                tensors = mapping.to_hf(rule, shards, geo)
+        if first_in_tp and owner[name] != 0:
+            if my_stage == owner[name]:
+                for t in tensors:
+                    dist.send(t.contiguous(), dst=pp_ranks[0], group=pp_group)
+            elif my_stage == 0:
+                tensors = [torch.empty(geo.hf_shape(h), dtype=sample.dtype, device=sample.device) for h in rule.hf]
+                for t in tensors:
+                    dist.recv(t, src=pp_ranks[owner[name]], group=pp_group)
+        if first_in_tp and my_stage == 0:
+            yield from zip(rule.hf, tensors)
 
 
 def temp_path(final: str) -> str:

@@ -218,7 +218,8 @@ class ModelWorker:
     # -- weights out and checkpoints -------------------------------------------------------
 
     def export_hf(self):
-        """``(hf_name, full tensor)`` pairs; see :func:`weights.export_hf` (collective)."""
+        """``(hf_name, full tensor)`` pairs on the model-parallel group's first rank; see
+        :func:`weights.export_hf` (collective)."""
         return weights.export_hf(self.model, self.hf_config)
 
     def save_hf(self, out: str) -> str | None:

@@ -28,6 +28,15 @@ def test_every_rule_round_trips_bitwise_through_tp_shards(arch, tp):
         assert all(torch.equal(a, b) for a, b in zip(full, back)), rule.megatron
 
 
+def test_export_at_tp1_views_the_parameter_except_qkv():
+    """At TP=1 the weight sync streams straight from the parameters: only Q/K/V are copied."""
+    for rule in mapping.ARCHITECTURES["Qwen2ForCausalLM"].rules:
+        rule = rule.at(0)
+        shard = mapping.to_megatron(rule, _hf_tensors(rule), GEO, 0, 1)
+        for hf in mapping.to_hf(rule, [shard], GEO):
+            assert (hf.untyped_storage().data_ptr() == shard.untyped_storage().data_ptr()) == (rule.layout != "qkv")
+
+
 def test_qkv_is_interleaved_per_query_group_and_split_by_group():
     rule = mapping.ARCHITECTURES["Qwen2ForCausalLM"].rules[-3].at(0)
     assert rule.megatron.endswith("linear_qkv.bias")

@@ -32,6 +32,16 @@ def test_a_tensor_larger_than_a_bucket_is_split_across_buckets():
     ]
 
 
+def test_a_tensor_that_fits_a_bucket_starts_the_next_one_instead_of_straddling_two():
+    # 8, 12 and 20 bytes with 16-byte buckets: the 12-byte tensor moves on whole (the receiver
+    # uses it in place); the 20-byte one is larger than a bucket, so it fills the room left.
+    assert plan([2, 3, 5], 16) == [
+        [Segment(0, 0, 8)],
+        [Segment(1, 0, 12), Segment(2, 0, 4)],
+        [Segment(2, 4, 16)],
+    ]
+
+
 def test_buckets_of_exactly_one_tensor_and_zero_size_tensors():
     assert plan([4, 4], 16) == [[Segment(0, 0, 16)], [Segment(1, 0, 16)]]
     assert plan([0, 4], 16) == [[Segment(1, 0, 16)]]  # empty tensors need no bytes
