@@ -384,15 +384,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity",
         description=(
             "Streams a ~104M-parameter Qwen2 from megatron-core ranks (gathered over TP) into a vLLM\n"
-            "engine that started from different weights, then measures the raw ZMQ rate of the same\n"
-            "bytes between two processes, and compares vLLM's log-probs with the trainer's.\n"
-            "Reports params, bytes, seconds, gbps, ceiling_gbps and the log-prob differences."
+            "engine that started from different weights, then, --repeats times, takes an optimizer\n"
+            "step and syncs again, as training does. Measures the raw ZMQ rate of the same bytes\n"
+            "between two processes and compares vLLM's log-probs with the trainer's. Reports params,\n"
+            "bytes, seconds and gbps (median of the repeats; the first sync, which also pays vLLM's\n"
+            "one-time weight repacking, as first_*), ceiling_gbps and the log-prob differences."
         ),
     )
     b.add_argument("--json", help="write the report here")
     b.add_argument("--tp", type=int, default=2, help="trainer tensor-parallel size (ranks)")
     b.add_argument("--bucket-mb", type=int, default=64, help="bucket size in MiB")
-    b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.sync").run(a.tp, a.bucket_mb))
+    b.add_argument("--repeats", type=_bounded(int, 1, "an integer >= 1"), default=3,
+                   help="syncs after the first, each after an optimizer step (default 3)")
+    b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.sync").run(a.tp, a.bucket_mb, a.repeats))
     b = benches.add_parser(
         "env", formatter_class=fmt,
         help="environment server throughput, per-request vs batched",
