@@ -10,9 +10,7 @@ only. Transcripts are tokenised turn by turn exactly as the rollout manager buil
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import random
 import time
 
@@ -29,14 +27,16 @@ PLAYABLE = ("babyai",)
 
 @dataclasses.dataclass
 class PretrainConfig:
+    """What `pretrain-tiny` does; its flags hold the defaults (the CPU demo's settings)."""
+
+    task_ids: list[int]
+    episodes: int
+    max_turns: int
+    epochs: int
+    batch_size: int
+    lr: float
+    vocab: int
     env: str = "babyai"
-    task_ids: list[int] = dataclasses.field(default_factory=list)
-    episodes: int = 3000
-    max_turns: int = 6
-    epochs: int = 2
-    batch_size: int = 16
-    lr: float = 3e-3
-    vocab: int = 1024
     seed: int = 0
 
 
@@ -137,10 +137,9 @@ def pretrain(out: str, spec: TinySpec, cfg: PretrainConfig, log=print) -> dict:
                 log(f"epoch {epoch + 1} step {step}/{steps} loss {sum(losses[-50:]) / len(losses[-50:]):.4f} "
                     f"{time.perf_counter() - start:.0f}s")
     model.eval()
-    save_model(model, tokenizer, spec, out)
     summary = {"episodes": len(transcripts), "random_play_success": success, "tokens_per_episode": tokens / len(examples),
                "steps": steps, "initial_loss": losses[0], "final_loss": sum(losses[-50:]) / len(losses[-50:]),
                "seconds": time.perf_counter() - start}
-    with open(os.path.join(out, "pretrain.json"), "w") as f:
-        json.dump(summary | {"config": dataclasses.asdict(cfg), "spec": dataclasses.asdict(spec)}, f, indent=2)
+    record = summary | {"config": dataclasses.asdict(cfg), "spec": dataclasses.asdict(spec)}
+    save_model(model, tokenizer, spec, out, extra={"pretrain.json": record})
     return summary

@@ -157,18 +157,29 @@ def build_model(spec: TinySpec, tokenizer):
     return AutoModelForCausalLM.from_config(_hf_config(spec, tokenizer), dtype=torch.float32)
 
 
-def save_model(model, tokenizer, spec: TinySpec, out: str) -> str:
-    """Writes the HF directory (weights, tokenizer, generation config, the spec it came from)."""
+def save_model(model, tokenizer, spec: TinySpec, out: str, extra: dict | None = None) -> str:
+    """Writes the HF directory (weights, tokenizer, generation config, the spec it came from and
+    ``extra`` JSON files by name) atomically: it appears complete or not at all, replacing any
+    previous one, so an interrupted run never leaves a directory that looks loadable."""
+    import shutil
+
     from transformers import GenerationConfig
 
-    os.makedirs(out, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    out = out.rstrip("/")
+    tmp = f"{out}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
     GenerationConfig(
         eos_token_id=model.config.eos_token_id, pad_token_id=model.config.pad_token_id, do_sample=True
-    ).save_pretrained(out)
-    with open(os.path.join(out, "tiny_spec.json"), "w") as f:
-        json.dump(dataclasses.asdict(spec), f, indent=2)
+    ).save_pretrained(tmp)
+    files = {"tiny_spec.json": dataclasses.asdict(spec)} | (extra or {})
+    for name, content in files.items():
+        with open(os.path.join(tmp, name), "w") as f:
+            json.dump(content, f, indent=2)
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    os.replace(tmp, out)
     return out
 
 

@@ -97,3 +97,20 @@ def test_pretrain_fits_the_replies_and_writes_a_loadable_model(tmp_path):
     assert model.config.vocab_size == len(tok) and model.config.model_type == "llama"
     ids = torch.tensor([tok("Action: turn left")["input_ids"]])
     assert torch.isfinite(model(ids).logits).all()
+
+
+def test_model_directory_appears_whole_and_replaces_the_previous_one(tmp_path, tokenizer, monkeypatch):
+    from agentgym_mega.models import tiny
+
+    spec = tiny.TinySpec(arch="llama", layers=1, hidden=64, heads=2, kv_heads=2, ffn=128, vocab=len(tokenizer))
+    out = tmp_path / "model"
+    tiny.save_model(tiny.build_model(spec, tokenizer), tokenizer, spec, str(out), extra={"note.json": {"a": 1}})
+    assert json.loads((out / "note.json").read_text()) == {"a": 1} and (out / "model.safetensors").exists()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(type(tokenizer), "save_pretrained", crash)
+    with pytest.raises(OSError, match="disk full"):
+        tiny.save_model(tiny.build_model(spec, tokenizer), tokenizer, spec, str(out), extra={"note.json": {"a": 2}})
+    assert json.loads((out / "note.json").read_text()) == {"a": 1}  # the previous directory is untouched
