@@ -24,6 +24,9 @@ class EnvServerError(RuntimeError):
     """A server could not be reached or rejected a whole request."""
 
 
+MISSING_ID = -1  # no server issues it
+
+
 @dataclasses.dataclass(frozen=True)
 class Handle:
     server: int  # index into EnvClient.urls
@@ -40,10 +43,12 @@ class EnvClient:
         self._fan = ThreadPoolExecutor(len(self.urls))
 
     def create(self, n: int) -> list[Handle]:
-        """n new instances, dealt round-robin over the servers."""
+        """n new instances, dealt round-robin over the servers. An instance that could not be
+        created (its server died or is full) gets id -1: every later request on it returns a
+        per-item error, so only its own episode ends, as when a server dies mid-episode."""
         servers = [i % len(self.urls) for i in range(n)]
         results = self._run([(s, {"op": "create"}) for s in servers])
-        return [Handle(s, _ok(r)["id"]) for s, r in zip(servers, results)]
+        return [Handle(s, r.get("id", MISSING_ID)) for s, r in zip(servers, results)]
 
     def reset(self, handles: list[Handle], data_idxs: list[int]) -> list[dict]:
         return self._run([(h.server, {"op": "reset", "id": h.id, "data_idx": d}) for h, d in zip(handles, data_idxs)])
@@ -115,12 +120,6 @@ def _json(resp: requests.Response, where: str) -> dict:
     if resp.status_code != 200:
         raise EnvServerError(f"{where}: HTTP {resp.status_code}: {body.get('error', body)}")
     return body
-
-
-def _ok(result: dict) -> dict:
-    if "error" in result:
-        raise EnvServerError(result["error"])
-    return result
 
 
 def wait_healthy(url: str, timeout: float = 120.0) -> dict:
