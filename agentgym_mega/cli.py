@@ -387,8 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
             "engine that started from different weights, then, --repeats times, takes an optimizer\n"
             "step and syncs again, as training does. Measures the raw ZMQ rate of the same bytes\n"
             "between two processes and compares vLLM's log-probs with the trainer's. Reports params,\n"
-            "bytes, seconds and gbps (median of the repeats; the first sync, which also pays vLLM's\n"
-            "one-time weight repacking, as first_*), ceiling_gbps and the log-prob differences."
+            "bytes, seconds and gbps (median of the repeats; the first sync, which also pays one-time\n"
+            "staging allocation and vLLM's weight repacking, as first_*), ceiling_gbps and the\n"
+            "log-prob differences."
         ),
     )
     b.add_argument("--json", help="write the report here")

@@ -1,10 +1,9 @@
 """Packing a stream of named tensors into byte buckets of a fixed size: no I/O here.
 
-Tensors are laid out in order. One that does not fit in the room left starts a new bucket if
-it fits in a whole one: the receiver can then use it in place, where a tensor split across
-buckets must be copied together. Only tensors larger than a bucket are split (their first part
-fills the room left). Packing is lazy: a bucket is yielded as soon as the next tensor does not
-fit, so the sender holds one bucket and the tensor being packed, never the whole model.
+Tensors are laid out in order and split wherever a bucket is full: the receiver writes every
+segment straight into its place in the tensor, so a split costs nothing. Packing is lazy: a
+bucket is yielded as soon as it is full, so the sender holds one bucket and the tensor being
+packed, never the whole model.
 """
 
 from __future__ import annotations
@@ -70,8 +69,6 @@ def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -
     for index, (name, tensor) in enumerate(named_tensors):
         bucket.specs[index] = TensorSpec.of(name, tensor)
         data, offset = as_bytes(tensor), 0
-        if room < data.numel() <= bucket_bytes:
-            room = 0
         while offset < data.numel():
             if room == 0:
                 yield bucket

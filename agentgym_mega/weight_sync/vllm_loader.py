@@ -8,7 +8,7 @@ import time
 
 from safetensors import safe_open
 
-from agentgym_mega.weight_sync.zmq_transport import SyncError, ZmqWeightReceiver
+from agentgym_mega.weight_sync.zmq_transport import StagingArea, SyncError, ZmqWeightReceiver
 
 
 def checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
@@ -58,7 +58,8 @@ class VLLMWeightLoader:
     def agm_receive_weights(self, address: str, version: int, timeout_s: float) -> int:
         if not hasattr(self, "_agm_shapes"):
             self._agm_shapes = checkpoint_shapes(self.vllm_config.model_config.model)
-        receiver = ZmqWeightReceiver(address, timeout_s)
+            self._agm_staging = StagingArea()
+        receiver = ZmqWeightReceiver(address, timeout_s, self._agm_staging)
         try:
             got, tensors = receiver.receive()
             if got != version:

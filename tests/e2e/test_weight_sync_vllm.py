@@ -89,21 +89,25 @@ from safetensors.torch import load_file
 from agentgym_mega.weight_sync.zmq_transport import ZmqWeightSender
 sender = ZmqWeightSender(sys.argv[1], bucket_bytes=2048, timeout_s=30)
 tensors = list(load_file(sys.argv[2]).items())
+total = sum(t.numel() * t.element_size() for _, t in tensors)
 print("bound", flush=True)
 def die(sent_bytes, messages):
-    if messages == 5:
+    if messages == 5 if sys.argv[4] == "mid-stream" else sent_bytes == total:
         os.kill(os.getpid(), signal.SIGKILL)
 sender.push(tensors, version=int(sys.argv[3]), progress=die)
 """
 
 
-def test_sync_interrupted_by_a_dead_trainer_keeps_the_previous_weights(engine, models):
+# Before the last bucket, or after it but before COMMIT: then every byte of the new version sits
+# in the engine's staging memory, which must stay apart from the weights it serves.
+@pytest.mark.parametrize("dies", ["mid-stream", "before-commit"])
+def test_sync_interrupted_by_a_dead_trainer_keeps_the_previous_weights(engine, models, dies):
     sync(engine, models[1], version=3)
     served = engine.generate(PROMPTS, GREEDY)
     address = default_address()
     proc = subprocess.Popen([sys.executable, "-c", SENDER_THAT_DIES, address,
-                             os.path.join(models[2], "model.safetensors"), "4"], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "bound"  # the trainer is up; it dies after 5 buckets
+                             os.path.join(models[2], "model.safetensors"), "4", dies], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "bound"
     with pytest.raises(Exception, match="stalled"):
         engine.update_weights(address, 4, timeout_s=3)
     assert proc.wait(timeout=30) == -signal.SIGKILL

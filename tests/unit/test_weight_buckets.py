@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentgym_mega.weight_sync.buckets import Segment, pack
-from agentgym_mega.weight_sync.zmq_transport import SyncError, ZmqWeightReceiver, ZmqWeightSender
+from agentgym_mega.weight_sync.zmq_transport import SyncError, StagingArea, ZmqWeightReceiver, ZmqWeightSender
 
 
 def plan(sizes_in_floats, bucket_bytes):
@@ -32,13 +32,12 @@ def test_a_tensor_larger_than_a_bucket_is_split_across_buckets():
     ]
 
 
-def test_a_tensor_that_fits_a_bucket_starts_the_next_one_instead_of_straddling_two():
-    # 8, 12 and 20 bytes with 16-byte buckets: the 12-byte tensor moves on whole (the receiver
-    # uses it in place); the 20-byte one is larger than a bucket, so it fills the room left.
+def test_tensors_straddle_buckets_so_every_bucket_but_the_last_is_full():
+    # 8, 12 and 20 bytes with 16-byte buckets
     assert plan([2, 3, 5], 16) == [
-        [Segment(0, 0, 8)],
-        [Segment(1, 0, 12), Segment(2, 0, 4)],
-        [Segment(2, 4, 16)],
+        [Segment(0, 0, 8), Segment(1, 0, 8)],
+        [Segment(1, 8, 4), Segment(2, 0, 12)],
+        [Segment(2, 12, 8)],
     ]
 
 
@@ -62,12 +61,12 @@ def test_bucket_size_must_be_positive():
         list(pack([("t", torch.zeros(1))], 0))
 
 
-def _roundtrip(tensors, bucket_bytes, timeout_s=10.0):
+def _roundtrip(tensors, bucket_bytes, timeout_s=10.0, staging=None):
     sender = ZmqWeightSender(bucket_bytes=bucket_bytes, timeout_s=timeout_s)
     out = {}
 
     def receive():
-        receiver = ZmqWeightReceiver(sender.address, timeout_s)
+        receiver = ZmqWeightReceiver(sender.address, timeout_s, staging)
         out["version"], out["tensors"] = receiver.receive()
         receiver.reply(out["version"])
         receiver.close()
@@ -114,3 +113,59 @@ def test_sender_times_out_without_engines():
     with pytest.raises(SyncError, match="no READY"):
         sender.push([("w", torch.ones(2))], version=1)
     sender.close()
+
+
+def test_an_engine_receives_every_sync_into_the_same_staging_memory():
+    staging = StagingArea()
+    first = [("a", torch.arange(6.0)), ("b", torch.ones(3, dtype=torch.bfloat16))]
+    second = [("a", torch.arange(6.0) * -1), ("b", torch.full((3,), 2.0, dtype=torch.bfloat16))]
+    _, got1 = _roundtrip(first, bucket_bytes=16, staging=staging)  # "a" is split over two buckets
+    pointers = [t.data_ptr() for _, t in got1["tensors"]]
+    _, got2 = _roundtrip(second, bucket_bytes=16, staging=staging)
+    assert [t.data_ptr() for _, t in got2["tensors"]] == pointers  # no fresh memory per sync
+    for (_, sent), (_, got) in zip(second, got2["tensors"]):
+        assert torch.equal(got, sent)
+    # a tensor whose size changed gets a buffer of its new size
+    _, got3 = _roundtrip([("a", torch.arange(8.0)), second[1]], bucket_bytes=16, staging=staging)
+    assert torch.equal(got3["tensors"][0][1], torch.arange(8.0))
+
+
+def _raw_stream(messages):
+    """A trainer that sends hand-made multipart messages after the engine's READY."""
+    import json
+
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    receiver = ZmqWeightReceiver(f"tcp://127.0.0.1:{port}", timeout_s=2.0)
+
+    def serve():
+        peer, _ = sock.recv_multipart()
+        for frames in messages:
+            sock.send_multipart([peer, *[json.dumps(f).encode() if isinstance(f, dict) else f for f in frames]])
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        return receiver.receive()
+    finally:
+        thread.join()
+        receiver.close()
+        sock.close(linger=0)
+
+
+def _bucket(nbytes_per_segment):
+    return {"op": "BUCKET", "specs": {"0": ["w", "uint8", [sum(nbytes_per_segment)]]},
+            "segments": [[0, sum(nbytes_per_segment[:i]), n] for i, n in enumerate(nbytes_per_segment)]}
+
+
+@pytest.mark.parametrize("frames,error", [
+    ([_bucket([4, 4]), b"abcd"], "bytes 4-8 of w is missing"),
+    ([_bucket([4]), b"abcdef"], "bytes 0-4 of w has 6 bytes, expected 4"),
+    ([_bucket([4]), b"abcd", b"more"], "more frames than segments"),
+    ([b"\x00\x01 not json"], "expected a header"),
+], ids=["missing-frame", "wrong-size", "extra-frame", "not-a-header"])
+def test_a_malformed_stream_is_a_sync_error(frames, error):
+    with pytest.raises(SyncError, match=error):
+        _raw_stream([frames])
