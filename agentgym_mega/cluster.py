@@ -146,19 +146,30 @@ class TrainerRank:
         algorithm = self.cfg.algorithm
         return self.worker.update(batch, lambda values, mb: critic_loss(values, mb, algorithm))
 
-    def sync_weights(self, engines: list, version: int, bucket_bytes: int, timeout_s: float):
+    def sync_weights(self, engines: list, version: int):
         """Every rank takes part in the gather to rank 0, which streams to `engines` and returns
-        the transfer stats."""
+        the transfer stats (see config.WeightSyncConfig for how)."""
         named = self.worker.export_hf()
-        if dist.get_rank() != 0:
-            for _ in named:  # the gather is collective: take part, send nothing
+        try:
+            if dist.get_rank() == 0:
+                return self._synchronizer(engines).sync(named, engines, version)
+        finally:
+            for _ in named:  # the gather is collective: ranks > 0, or a sync that ended early, drain it
                 pass
-            return None
-        if self.synchronizer is None:
-            from agentgym_mega.weight_sync import ZmqWeightSynchronizer
+        return None
 
-            self.synchronizer = ZmqWeightSynchronizer(bucket_bytes=bucket_bytes, timeout_s=timeout_s)
-        return self.synchronizer.sync(named, engines, version)
+    def _synchronizer(self, engines: list):
+        """Built at the first sync, when the engines' nodes are known."""
+        if self.synchronizer is None:
+            from agentgym_mega.weight_sync import ZmqWeightSynchronizer, endpoint
+
+            options = self.cfg.weight_sync
+            nodes = [e["node"] for e in ray.get([e.health.remote() for e in engines])]
+            address, cuda_ipc = endpoint(options.transport, reachable_ip(), nodes, platform.has_cuda())
+            self.synchronizer = ZmqWeightSynchronizer(
+                address, bucket_bytes=options.bucket_mb << 20, timeout_s=options.timeout_s,
+                workers_per_engine=self.cfg.rollout.engine_tp, cuda_ipc=cuda_ipc)
+        return self.synchronizer
 
     def save_checkpoint(self, root: str, step: int, trainer_state: dict) -> str:
         return self.worker.save_checkpoint(root, step, trainer_state)

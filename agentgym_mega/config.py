@@ -233,6 +233,21 @@ class ClusterConfig:
 
 
 @section
+class WeightSyncConfig:
+    """How the actor's weights reach the engines after each step. `auto`: CUDA IPC handles when
+    the engines share the trainer's node and it has GPUs, ipc:// when they share its node on CPU,
+    tcp:// when any engine runs on another node."""
+
+    transport: Literal["auto", "ipc", "tcp", "cuda_ipc"] = "auto"
+    bucket_mb: StrictInt = 256  # bytes transports: the size of one ZMQ message
+    timeout_s: float = 600.0  # a stream that stalls this long ends the sync; old weights keep serving
+
+    def __post_init__(self):
+        _require(self.bucket_mb >= 1, "weight_sync.bucket_mb", self.bucket_mb, "an integer >= 1")
+        _require(self.timeout_s > 0, "weight_sync.timeout_s", self.timeout_s, "a number > 0")
+
+
+@section
 class LoggingConfig:
     """Where metrics go: TensorBoard and JSONL under trainer.output_dir, and the console."""
 
@@ -253,6 +268,7 @@ class Config:
     trainer: TrainerConfig = _default(TrainerConfig)
     eval: EvalConfig = _default(EvalConfig)
     cluster: ClusterConfig = _default(ClusterConfig)
+    weight_sync: WeightSyncConfig = _default(WeightSyncConfig)
     logging: LoggingConfig = _default(LoggingConfig)
 
     def __post_init__(self):

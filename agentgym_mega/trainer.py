@@ -17,9 +17,6 @@ from agentgym_mega.rollout.engines import SamplingConfig
 from agentgym_mega.rollout.manager import RolloutManager
 from agentgym_mega.rollout.tasks import TaskSampler, select_tasks
 
-SYNC_BUCKET_BYTES = 256 << 20
-SYNC_TIMEOUT_S = 600.0
-
 
 def _update(stack: Stack, batch, cfg) -> dict:
     """PPO epochs over mini-batches of whole task groups; one optimizer step per mini-batch."""
@@ -65,7 +62,7 @@ def train(cfg, resume: bool = False) -> dict:
     try:
         start, position = _resume(stack, cfg) if resume else (1, 0)
         if resume:  # the engines started from the HF weights: give them the checkpoint's
-            stack.actor.call("sync_weights", stack.engines, start - 1, SYNC_BUCKET_BYTES, SYNC_TIMEOUT_S)
+            stack.actor.call("sync_weights", stack.engines, start - 1)
         sampler = TaskSampler(stack.tasks, cfg.trainer.seed, position)
         sampling = SamplingConfig(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens_per_turn)
         manager = RolloutManager(stack.engines, stack.env, stack.tokenizer, sampling, cfg.rollout.max_model_len)
@@ -95,7 +92,7 @@ def train(cfg, resume: bool = False) -> dict:
                 train_metrics = _update(stack, batch, cfg)
             stack.call_engines("wake")
             with timer("sync"):
-                stack.actor.call("sync_weights", stack.engines, step, SYNC_BUCKET_BYTES, SYNC_TIMEOUT_S)
+                stack.actor.call("sync_weights", stack.engines, step)
             tokens = int(batch.attention_mask.sum())
             metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | manager.timings
                        | {"horizon/cap": cap, "perf/tokens_per_s": tokens / sum(timer.seconds.values()),

@@ -69,7 +69,8 @@ def run(tp: int = 2, bucket_mb: int = 64, repeats: int = 3) -> dict:
         start_model = make_tiny_model(f"{tmp}/start", TinySpec(arch="qwen2", seed=0, **BENCH_MODEL))
         trained = make_tiny_model(f"{tmp}/trained", TinySpec(arch="qwen2", seed=1, **BENCH_MODEL))
         cfg = load_config(None, [f"parallel.world_size={tp}", f"parallel.tp={tp}", "model.dtype=float32",
-                                 "trainer.lr=1e-4", "algorithm.kl_coef=0.0"])
+                                 "trainer.lr=1e-4", "algorithm.kl_coef=0.0", "weight_sync.transport=ipc",
+                                 f"weight_sync.bucket_mb={bucket_mb}"])
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         try:
             # The trainer holds different weights than the engine started with, so the sync
@@ -77,11 +78,11 @@ def run(tp: int = 2, bucket_mb: int = 64, repeats: int = 3) -> dict:
             group = TrainerGroup(cfg, trained, role="actor")
             engine = launch_remote(start_model, max_model_len=512)
             ray.get(engine.health.remote())  # started: time the sync, not vLLM's start-up
-            first = group.call("sync_weights", [engine], 0, bucket_mb << 20, 600.0)
+            first = group.call("sync_weights", [engine], 0)
             syncs = []
             for version in range(1, repeats + 1):
                 group.call("update_policy", _random_batch(version), 1.0)  # new weights to send
-                syncs.append(group.call("sync_weights", [engine], version, bucket_mb << 20, 600.0))
+                syncs.append(group.call("sync_weights", [engine], version))
             ceiling = max(raw_zmq_gbps(first.bytes, bucket_mb << 20) for _ in range(repeats))
             diff = _logprob_gap(group, engine)
         finally:

@@ -27,6 +27,13 @@ def sequences(prompts, generations):
     return ids, mask
 
 
+class Gone:
+    """An actor killed before the sync: calling it fails as a crashed engine does."""
+
+    def health(self):
+        return {}
+
+
 def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
     import ray
 
@@ -41,6 +48,7 @@ def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
     cfg = load_config(None, [
         "parallel.world_size=2", "parallel.tp=2", "model.dtype=float32", "trainer.lr=0.01",
         "trainer.batch_size=4", "trainer.mini_batch_size=4", "algorithm.kl_coef=0", "algorithm.entropy_coef=0",
+        "weight_sync.bucket_mb=1", "weight_sync.transport=tcp",  # the other tests sync over ipc://
     ])
     prompts = [[1, 5, 9, 20, 33, 7], [1, 7, 7, 7], [1, 300, 12, 40], [1, 2, 3, 4, 5]]
     sampling = SamplingConfig(temperature=1.0, max_tokens=12, seed=3)
@@ -59,7 +67,16 @@ def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
         trained = group.call("logprobs", ids, 1.0)["logprobs"]
         assert (trained - old)[mask.bool()].mean() > 0  # the update moved the policy
 
-        stats = group.call("sync_weights", [engine], 1, 1 << 16, 120.0)
+        # A sync that fails on rank 0 before streaming (here: a dead engine) raises there, and
+        # rank 1 still gets through the collective gather instead of waiting in it forever.
+        gone = ray.remote(num_cpus=0)(Gone).remote()
+        ray.kill(gone)
+        failed = [r.sync_weights.remote([gone], 1) for r in group.ranks]
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(failed[0], timeout=120)
+        assert ray.get(failed[1], timeout=120) is None
+
+        stats = group.call("sync_weights", [engine], 1)
         assert stats.version == 1 and stats.buckets > 1
         assert ray.get(engine.health.remote())["version"] == 1
 

@@ -86,6 +86,9 @@ BAD = [
     (["eval.max_turns=0"], ["eval.max_turns", "or null"]),
     (["eval.freq=-1"], ["eval.freq", ">= 0"]),
     (["trainer.eval_freq=5"], ["trainer.eval_freq", "unknown key"]),
+    (["weight_sync.transport=nccl"], ["weight_sync.transport", "'cuda_ipc'", "'nccl'"]),
+    (["weight_sync.bucket_mb=0"], ["weight_sync.bucket_mb", "integer >= 1"]),
+    (["weight_sync.timeout_s=0"], ["weight_sync.timeout_s", "> 0"]),
     (["trainer=3"], ["trainer", "section"]),
     (["trainer.total_steps"], ["trainer.total_steps", "section.key=value"]),
 ]

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from agentgym_mega.weight_sync.buckets import Segment, pack
-from agentgym_mega.weight_sync.zmq_transport import SyncError, StagingArea, ZmqWeightReceiver, ZmqWeightSender
+from agentgym_mega.weight_sync.zmq_transport import (
+    StagingArea,
+    SyncError,
+    ZmqWeightReceiver,
+    ZmqWeightSender,
+    endpoint,
+)
 
 
 def plan(sizes_in_floats, bucket_bytes):
@@ -61,8 +67,8 @@ def test_bucket_size_must_be_positive():
         list(pack([("t", torch.zeros(1))], 0))
 
 
-def _roundtrip(tensors, bucket_bytes, timeout_s=10.0, staging=None):
-    sender = ZmqWeightSender(bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+def _roundtrip(tensors, bucket_bytes, timeout_s=10.0, staging=None, address=None, cuda_ipc=False):
+    sender = ZmqWeightSender(address, bucket_bytes=bucket_bytes, timeout_s=timeout_s, cuda_ipc=cuda_ipc)
     out = {}
 
     def receive():
@@ -169,3 +175,47 @@ def _bucket(nbytes_per_segment):
 def test_a_malformed_stream_is_a_sync_error(frames, error):
     with pytest.raises(SyncError, match=error):
         _raw_stream([frames])
+
+
+@pytest.mark.parametrize("transport,engines,cuda,expected", [
+    ("auto", ["10.0.0.1"], False, ("ipc://", False)),
+    ("auto", ["10.0.0.1", "10.0.0.1"], True, ("ipc://", True)),
+    ("auto", ["10.0.0.1", "10.0.0.2"], True, ("tcp://10.0.0.1:0", False)),
+    ("tcp", ["10.0.0.1"], False, ("tcp://10.0.0.1:0", False)),
+    ("ipc", ["10.0.0.1"], True, ("ipc://", False)),
+])
+def test_the_endpoint_follows_where_the_engines_run(transport, engines, cuda, expected):
+    address, cuda_ipc = endpoint(transport, "10.0.0.1", engines, cuda)
+    assert address.startswith(expected[0]) and cuda_ipc == expected[1]
+
+
+@pytest.mark.parametrize("transport,cuda,error", [
+    ("ipc", False, "engines on the trainer's node \\(10.0.0.1\\) only, but engines run on 10.0.0.2"),
+    ("cuda_ipc", True, "but engines run on 10.0.0.2"),
+])
+def test_a_node_local_transport_for_remote_engines_is_refused(transport, cuda, error):
+    with pytest.raises(SyncError, match=error):
+        endpoint(transport, "10.0.0.1", ["10.0.0.1", "10.0.0.2"], cuda)
+
+
+def test_cuda_ipc_without_gpus_is_refused():
+    with pytest.raises(SyncError, match="needs GPUs"):
+        endpoint("cuda_ipc", "10.0.0.1", ["10.0.0.1"], cuda=False)
+
+
+def test_a_whole_sync_travels_over_tcp():
+    tensors = [("a", torch.arange(5.0)), ("b", torch.ones(2, 2))]  # 36 bytes
+    address, _ = endpoint("tcp", "127.0.0.1", ["127.0.0.1"], False)
+    stats, out = _roundtrip(tensors, bucket_bytes=8, address=address)
+    assert stats.version == 7 and stats.buckets == 5
+    assert [(n, t.tolist()) for n, t in out["tensors"]] == [(n, t.tolist()) for n, t in tensors]
+
+
+def test_handle_messages_carry_tensors_without_buckets():
+    # The CUDA IPC path's messages; reduce_tensor gives shared-memory handles for CPU tensors, so
+    # its framing is checked here and the GPU itself in tests/gpu.
+    tensors = [("a", torch.arange(12.0).view(3, 4)), ("b", torch.ones(5, dtype=torch.bfloat16))]
+    stats, out = _roundtrip(tensors, bucket_bytes=8, cuda_ipc=True)
+    assert stats.buckets == 0 and stats.tensors == 2
+    for (_, sent), (_, got) in zip(tensors, out["tensors"]):
+        assert got.dtype == sent.dtype and torch.equal(got, sent)

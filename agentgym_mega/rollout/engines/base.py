@@ -46,7 +46,8 @@ class InferenceEngine(abc.ABC):
 
     @abc.abstractmethod
     def health(self) -> dict:
-        """At least {"alive": bool, "version": int, "sleeping": bool}."""
+        """At least {"alive": bool, "version": int, "sleeping": bool, "node": str}; "node" is the
+        address trainers on other nodes reach it by (network.reachable_ip)."""
 
     @abc.abstractmethod
     def shutdown(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from agentgym_mega import platform
+from agentgym_mega.network import reachable_ip
 from agentgym_mega.rollout.engines.base import Generation, InferenceEngine, SamplingConfig
 
 LOADER = "agentgym_mega.weight_sync.vllm_loader.VLLMWeightLoader"
@@ -91,7 +92,7 @@ class VLLMEngine(InferenceEngine):
         self.sleeping = False
 
     def health(self) -> dict:
-        return {"alive": True, "version": self.version, "sleeping": self.sleeping}
+        return {"alive": True, "version": self.version, "sleeping": self.sleeping, "node": reachable_ip()}
 
     def shutdown(self) -> None:
         # Ends vLLM's engine-core process now; left to interpreter exit, a process whose model
