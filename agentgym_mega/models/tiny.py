@@ -161,13 +161,11 @@ def save_model(model, tokenizer, spec: TinySpec, out: str, extra: dict | None = 
     """Writes the HF directory (weights, tokenizer, generation config, the spec it came from and
     ``extra`` JSON files by name) atomically: it appears complete or not at all, replacing any
     previous one, so an interrupted run never leaves a directory that looks loadable."""
-    import shutil
-
     from transformers import GenerationConfig
 
-    out = out.rstrip("/")
-    tmp = f"{out}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    from agentgym_mega.models.weights import atomic_dir, commit_dir
+
+    tmp = atomic_dir(out)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     GenerationConfig(
@@ -177,9 +175,7 @@ def save_model(model, tokenizer, spec: TinySpec, out: str, extra: dict | None = 
     for name, content in files.items():
         with open(os.path.join(tmp, name), "w") as f:
             json.dump(content, f, indent=2)
-    if os.path.isdir(out):
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    commit_dir(tmp, out)
     return out
 
 
