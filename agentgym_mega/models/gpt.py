@@ -8,6 +8,7 @@ stage's layers (embedding on the first stage, final norm and LM head on the last
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import math
 
@@ -132,14 +133,19 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype):
 
 
 class ValueHead(torch.nn.Module):
-    """The critic's scalar head in place of the LM head. Replicated on every TP rank (one output
-    cannot be split); with sequence parallel it first gathers the sequence."""
+    """The critic's scalar head in place of the LM head: ``value = weight @ h + bias``. Replicated
+    on every TP rank (one output cannot be split); with sequence parallel it first gathers the
+    sequence.
+
+    Its parameters are ``weight`` ``[1, hidden]`` and ``bias`` ``[1]``, the names megatron's
+    own output layer has: ``LanguageModule.sharded_state_dict`` looks up ``output_layer.weight``
+    on the last stage of every untied model, and the checkpoint, the optimizer's parameter map and
+    :mod:`agentgym_mega.models.weights` all name the head by them."""
 
     def __init__(self, hidden: int, sequence_parallel: bool, dtype: torch.dtype):
         super().__init__()
-        self.linear = torch.nn.Linear(hidden, 1, bias=True, dtype=dtype)
-        torch.nn.init.zeros_(self.linear.weight)
-        torch.nn.init.zeros_(self.linear.bias)
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
         self.sequence_parallel = sequence_parallel
 
     def forward(self, hidden, weight=None, runtime_gather_output=None):
@@ -149,7 +155,44 @@ class ValueHead(torch.nn.Module):
             # Every TP rank computes the full head, so its input gradient only needs splitting
             # back along the sequence, not summing across ranks.
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
-        return self.linear(hidden), None  # GPTModel unpacks (output, bias)
+        return torch.nn.functional.linear(hidden, self.weight, self.bias), None  # GPTModel unpacks (output, bias)
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """Both tensors whole and replicated: TP rank 0 of DP rank 0 writes them, every rank loads
+        the full tensor (at any TP size)."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.utils import make_sharded_tensor_for_checkpoint
+
+        replica_id = (0, ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank(with_context_parallel=True))
+        return {f"{prefix}{name}": make_sharded_tensor_for_checkpoint(
+                    param, f"{prefix}{name}", prepend_offsets=sharded_offsets, replica_id=replica_id)
+                for name, param in self.named_parameters(recurse=False)}
+
+
+@functools.cache
+def value_gpt_model() -> type:
+    """The critic's model class: GPTModel with a :class:`ValueHead` in place of the LM head on
+    the last stage (defined on first use: megatron is imported only when a model is built)."""
+    from megatron.core.models.gpt import GPTModel
+
+    class ValueGPTModel(GPTModel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if self.post_process:
+                self.output_layer = ValueHead(self.config.hidden_size, self.config.sequence_parallel,
+                                              self.config.params_dtype)
+
+        def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+            # LanguageModule marks the untied LM head's tensors allow_shape_mismatch, for the
+            # vocabulary padding (a mismatched load zero-fills). The value head has no padding:
+            # a shape that differs from the checkpoint's must fail the load, not zero the head.
+            state = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+            if self.post_process:
+                for name, _ in self.output_layer.named_parameters():
+                    state[f"{prefix}output_layer.{name}"].allow_shape_mismatch = False
+            return state
+
+    return ValueGPTModel
 
 
 def build_gpt(hf_config, layout: Layout, dtype: torch.dtype, value_head: bool = False):
@@ -166,18 +209,16 @@ def build_gpt(hf_config, layout: Layout, dtype: torch.dtype, value_head: bool = 
     else:
         spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
     tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
-    post_process = parallel_state.is_pipeline_last_stage()
-    model = GPTModel(
+    model_class = value_gpt_model() if value_head else GPTModel
+    model = model_class(
         config=config,
         transformer_layer_spec=spec,
         vocab_size=padded_vocab_size(hf_config.vocab_size, layout.tp),
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=post_process,
+        post_process=parallel_state.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=tied,
         position_embedding_type="rope",
         **rope_settings(hf_config),
     )
-    if value_head and post_process:
-        model.output_layer = ValueHead(config.hidden_size, layout.sequence_parallel, dtype)
     return model.to(platform.device())

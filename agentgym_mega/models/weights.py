@@ -5,6 +5,12 @@ through the architecture's table in :mod:`agentgym_mega.models.mapping`.
 * :func:`export_hf`: yields ``(hf_name, full tensor)`` on the model-parallel group's first rank,
   gathering TP shards and PP stages to it; the weight synchroniser streams these, :func:`save_hf`
   writes them.
+
+The critic (a :class:`~agentgym_mega.models.gpt.ValueHead` in place of the LM head) starts from
+the policy's HF weights, its head excepted, and exports as Hugging Face's per-token scalar model,
+``<Arch>ForTokenClassification`` with one label: the same backbone tensors, no ``lm_head``, and
+``score.weight``/``score.bias`` (a ``Linear(hidden, 1)`` on the final norm's output, which is what
+the value head is), so ``AutoModelForTokenClassification`` reproduces the critic's values.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import types
 from typing import Iterator
 
 import torch
@@ -92,8 +99,43 @@ def _geometry(hf_config, model) -> mapping.Geometry:
     return mapping.Geometry.of(hf_config, padded_vocab=unwrap(model).vocab_size)
 
 
+def has_value_head(model) -> bool:
+    """A critic's model, on every pipeline stage (only the last one holds the head itself)."""
+    return isinstance(unwrap(model), gpt.value_gpt_model())
+
+
 def _is_value_head(model, name: str) -> bool:
-    return isinstance(getattr(unwrap(model), "output_layer", None), gpt.ValueHead) and name.startswith("output_layer.")
+    return has_value_head(model) and name.startswith("output_layer.")
+
+
+# The value head as HF's token-classification ``score`` layer (see the module docstring).
+VALUE_HEAD_RULES = (
+    mapping.Rule("output_layer.weight", ("score.weight",), "replicated"),
+    mapping.Rule("output_layer.bias", ("score.bias",), "replicated"),
+)
+
+
+def export_rules(model, hf_config) -> dict[str, mapping.Rule]:
+    """:func:`global_rules` for what ``model`` holds: a critic has no LM head (nor a tied one)
+    but the value head, last."""
+    rules = global_rules(hf_config, gpt.te_available())
+    if has_value_head(model):
+        rules.pop("output_layer.weight")
+        rules.update((rule.megatron, rule) for rule in VALUE_HEAD_RULES)
+    return rules
+
+
+def _hf_shape(geo: mapping.Geometry, name: str) -> tuple[int, ...]:
+    return {"score.weight": (1, geo.hidden), "score.bias": (1,)}.get(name) or geo.hf_shape(name)
+
+
+def value_model_config(hf_config: dict) -> dict:
+    """The HF ``config.json`` of an exported critic, from the policy's: the architecture's
+    ``ForTokenClassification`` class with one label (the value), its ``score`` layer biased."""
+    policy = mapping.architecture(types.SimpleNamespace(architectures=hf_config.get("architectures"))).hf_name
+    return dict(hf_config, architectures=[policy.removesuffix("ForCausalLM") + "ForTokenClassification"],
+                id2label={"0": "value"}, label2id={"value": 0}, token_classification_bias=True,
+                tie_word_embeddings=False)
 
 
 @torch.no_grad()
@@ -149,13 +191,13 @@ def export_hf(model, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
     pp_ranks = dist.get_process_group_ranks(pp_group)
     my_stage = parallel_state.get_pipeline_model_parallel_rank()
     geo = _geometry(hf_config, model)
-    params = {n: p for n, p in named_global_params(model) if not _is_value_head(model, n)}
+    params = dict(named_global_params(model))
     owner = _stage_of_each_param(set(params))
     sample = next(iter(params.values()))
     # Gather buffers by shard shape, reused from layer to layer (fresh pages are slow to fault
     # in): at TP > 1, to_hf copies every gathered layout out of them.
     scratch = {}
-    for name, rule in global_rules(hf_config, gpt.te_available()).items():
+    for name, rule in export_rules(model, hf_config).items():
         if not rule.exported:
             continue
         if name not in owner:
@@ -180,7 +222,7 @@ def export_hf(model, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
                 for t in tensors:
                     dist.send(t.contiguous(), dst=pp_ranks[0], group=pp_group)
             elif my_stage == 0:
-                tensors = [torch.empty(geo.hf_shape(h), dtype=sample.dtype, device=sample.device) for h in rule.hf]
+                tensors = [torch.empty(_hf_shape(geo, h), dtype=sample.dtype, device=sample.device) for h in rule.hf]
                 for t in tensors:
                     dist.recv(t, src=pp_ranks[owner[name]], group=pp_group)
         if first_in_tp and my_stage == 0:
@@ -224,7 +266,8 @@ def copy_side_files(src: str, dst: str) -> None:
 
 def save_hf(model, hf_config, side_files_dir: str, out: str, shard_bytes: int = SHARD_BYTES) -> str | None:
     """Writes the model as an HF directory (safetensors shards + index, config, tokenizer) at
-    ``out``, atomically. Collective; global rank 0 writes. Returns ``out`` on rank 0."""
+    ``out``, atomically; a critic as its token-classification model (see the module docstring).
+    Collective; global rank 0 writes. Returns ``out`` on rank 0."""
     from safetensors.torch import save_file
 
     writer = dist.get_rank() == 0
@@ -254,6 +297,12 @@ def save_hf(model, hf_config, side_files_dir: str, out: str, shard_bytes: int = 
         with open(os.path.join(tmp, SAFETENSORS_INDEX), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
         copy_side_files(side_files_dir, tmp)
+        if has_value_head(model):
+            config_path = os.path.join(tmp, "config.json")
+            with open(config_path) as f:
+                config = value_model_config(json.load(f))
+            with open(config_path, "w") as f:
+                json.dump(config, f, indent=2)
         commit_dir(tmp, out)
     dist.barrier()
     return out if writer else None

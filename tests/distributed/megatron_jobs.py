@@ -13,6 +13,7 @@ from agentgym_mega import platform
 from agentgym_mega.actor import MegatronActor
 from agentgym_mega.config import validate
 from agentgym_mega.critic import MegatronCritic
+from agentgym_mega.models.weights import unwrap
 from agentgym_mega.network import free_port
 
 SEQ = 24
@@ -142,6 +143,59 @@ def data_parallel_job(world: int, hf_dir: str, aggs: list[str]) -> dict:
 
 def value_loss(values, mb):
     return ((values - mb["returns"]) ** 2).sum(), torch.tensor(values.numel()), {}
+
+
+def fit_values(critic, steps: range, ids) -> list[dict]:
+    returns = torch.linspace(-1, 1, ids.shape[1]).expand_as(ids)
+    return [critic.update({"input_ids": ids, "returns": returns}, value_loss, micro_batch_size=2) for _ in steps]
+
+
+def head_outputs(critic, ids) -> torch.Tensor:
+    """``[B, T]`` raw value-head outputs, before the critic aligns them to tokens."""
+    def head(out, mb):
+        return out.sum() * 0, {"out": out.squeeze(-1).float()}
+
+    return critic.infer({"input_ids": ids}, head, ("out",), micro_batch_size=2)["out"]
+
+
+def critic_checkpoint_job(tp: int, pp: int, models: dict, work: str, load_from: str | None) -> dict:
+    """Per architecture, a critic at (tp, pp): an uninterrupted run of TRAIN_STEPS updates that
+    saves at SAVE_AT, then a fresh critic resumed from that checkpoint running the remaining
+    updates. Returns the step metrics, the values of a fixed batch right after the save and right
+    after the load, the value head's raw outputs at the end, the exported HF tensors of both runs,
+    the save_hf directory and how the head appears in the sharded state dict; with ``load_from``,
+    the values after loading that root's checkpoint (saved at another layout: model only)."""
+    platform.init_distributed(tp=tp, pp=pp, seed=0)
+    cfg = make_config(tp, pp, tp * pp)
+    out = {}
+    for arch, hf_dir in models.items():
+        root = os.path.join(work, arch)
+        critic = MegatronCritic(hf_dir, cfg)
+        ids, probe = tokens(critic.hf_config.vocab_size, seed=1), tokens(critic.hf_config.vocab_size)
+        history = fit_values(critic, range(SAVE_AT), ids)
+        critic.save_checkpoint(root, SAVE_AT, {"data_position": 5})
+        saved_values = critic.values(probe, 2)
+        history += fit_values(critic, range(SAVE_AT, TRAIN_STEPS), ids)
+        head = {k: (v.key, v.global_shape, v.replica_id, v.allow_shape_mismatch)
+                for k, v in unwrap(critic.model).sharded_state_dict().items() if k.startswith("output_layer.")}
+        res = {"history": history, "saved_values": saved_values, "head_sharded": head,
+               "final_head_out": head_outputs(critic, probe),
+               "final": {k: v.clone() for k, v in critic.export_hf()},
+               "saved_hf": critic.save_hf(os.path.join(work, f"{arch}-critic-hf"))}
+        del critic
+        resumed = MegatronCritic(hf_dir, cfg)
+        res["trainer_state"] = resumed.load_checkpoint(root)
+        res["loaded_values"] = resumed.values(probe, 2)
+        res["resumed_history"] = fit_values(resumed, range(SAVE_AT, TRAIN_STEPS), ids)
+        res["resumed_final"] = {k: v.clone() for k, v in resumed.export_hf()}
+        del resumed
+        if load_from:
+            other = MegatronCritic(hf_dir, cfg)
+            other.load_checkpoint(os.path.join(load_from, arch))
+            res["values_from_other_layout"] = other.values(probe, 2)
+            del other
+        out[arch] = res
+    return out
 
 
 def kill_during_save(hf_dir: str, root: str) -> None:
