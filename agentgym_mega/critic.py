@@ -1,17 +1,30 @@
 """The critic on megatron-core: the policy's backbone with a scalar value head in place of the
 LM head, initialised from the actor's Hugging Face weights (the head starts at zero).
-``values[:, t]`` is the value of the state after reading ``input_ids[:, : t + 1]``."""
+
+Alignment (the one place it is decided): ``values[:, t]`` is the value of the state in which token
+``t`` is chosen, i.e. after reading ``input_ids[:, :t]``. The head's output at position ``t - 1``
+has read exactly that, so values are the head's outputs shifted right by one, position 0 holding
+0 (nothing is chosen there: it is always prompt). This is the actor's convention too
+(``logprobs[:, t] = log p(x_t | x_<t)``), so GAE pairs each token's log-prob, advantage and value
+on the same index, and the critic's loss trains the same shifted values towards the returns.
+"""
 
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from agentgym_mega.models.worker import ModelWorker
 
 # (values [b, T], micro-batch) -> (loss total, count, {metric: total}), as for the actor
 ValueLossFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, torch.Tensor, dict]]
+
+
+def state_values(head_out: torch.Tensor) -> torch.Tensor:
+    """``[b, T, 1]`` value-head outputs -> ``[b, T]`` values of the state each token is chosen in."""
+    return F.pad(head_out.squeeze(-1).float()[:, :-1], (1, 0))
 
 
 class MegatronCritic(ModelWorker):
@@ -20,10 +33,10 @@ class MegatronCritic(ModelWorker):
 
     def values(self, input_ids: torch.Tensor, micro_batch_size: int | None = None) -> torch.Tensor:
         def head(out, mb):
-            values = out.squeeze(-1).float()
+            values = state_values(out)
             return values.sum() * 0, {"values": values}
 
         return self.infer({"input_ids": input_ids}, head, ("values",), micro_batch_size)["values"]
 
     def update(self, batch: dict, loss_fn: ValueLossFn, micro_batch_size: int | None = None) -> dict:
-        return self.train_step(batch, lambda out, mb: loss_fn(out.squeeze(-1).float(), mb), micro_batch_size)
+        return self.train_step(batch, lambda out, mb: loss_fn(state_values(out), mb), micro_batch_size)
