@@ -43,7 +43,7 @@ setup(
     description=__doc__,
     python_requires=">=3.11,<3.12",
     packages=find_packages(include=["agentgym_mega*", "envs*", "checkpoint_tools*"]),
-    package_data={"agentgym_mega": ["models/corpus/*.txt"], "envs": ["sciworld/tasks.json"]},
+    package_data={"agentgym_mega": ["models/corpus/*.txt"], "envs": ["sciworld/tasks.json", "*/instruction.txt"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
     entry_points={"console_scripts": ["agentgym-mega=agentgym_mega.cli:main"]},

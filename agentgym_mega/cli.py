@@ -130,11 +130,20 @@ def _cmd_doctor(args) -> int:
 
 
 def _cmd_env_server(args) -> int:
-    from envs.server import make_server
+    from envs.server import make_server, read_secret_file
 
-    server = make_server(args.env, args.host, args.port, args.max_instances, args.idle_timeout)
-    print(f"serving {args.env} on http://{args.host}:{args.port} (max {args.max_instances} instances, "
-          f"idle timeout {args.idle_timeout:g} s)", file=sys.stderr, flush=True)
+    try:
+        secret = read_secret_file(args.secret_file) if args.secret_file else None
+        server = make_server(args.env, args.host, args.port, args.max_instances, args.idle_timeout,
+                             secret=secret, insecure=args.insecure, memory_share=args.memory_share,
+                             max_body_bytes=args.max_body_bytes, max_batch_ops=args.max_batch_ops,
+                             max_action_chars=args.max_action_chars)
+    except ValueError as exc:  # a setting that is not allowed (make_server names it)
+        raise ConfigError(str(exc)) from None
+    state = server.config.app.state
+    print(f"serving {args.env} on http://{args.host}:{args.port} (cap {state.pool.max_instances} instances: "
+          f"{state.pool.cap_reason}; idle timeout {args.idle_timeout:g} s; "
+          f"authentication {'on' if state.secured else 'off'})", file=sys.stderr, flush=True)
     server.run()
     return 0
 
@@ -325,17 +334,39 @@ def build_parser() -> argparse.ArgumentParser:
             "protocol (POST /create, /reset, /step, /close; GET /observation), so existing\n"
             "AgentGym clients work unchanged, plus POST /batch (many operations in one round trip),\n"
             "GET /health and GET /tasks. A step's action may be a whole model reply: the text after\n"
-            "its last `Action:` is used. Past --max-instances, /create answers 503 (server full);\n"
-            "instances idle for --idle-timeout seconds are closed (a SciWorld JVM is ended)."
+            "its last `Action:` is used. Every reset/step answer adds episode_score (0-1) and success.\n"
+            "Live instances are capped by memory: --memory-share of the memory available at start-up\n"
+            "divided by one instance's measured cost (SciWorld 384 MiB, BabyAI 64 KiB, TextCraft 8 KiB);\n"
+            "--max-instances can only lower that. Past the cap /create answers 503 (server full);\n"
+            "instances idle for --idle-timeout seconds are closed (a SciWorld JVM is ended).\n"
+            "With a secret (--secret-file, or $AGENTGYM_MEGA_SECRET) every request but GET /health\n"
+            "needs `Authorization: Bearer <secret>` (else 401). A --host other than loopback needs a\n"
+            "secret unless --insecure."
         ),
     )
+    from envs import limits
+
     p.add_argument("--env", required=True, choices=KINDS, help="environment kind to serve")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=36001, help="port to bind (default 36001)")
-    p.add_argument("--max-instances", type=_bounded(int, 1, "an integer >= 1"), default=512,
-                   help="cap on live instances (default 512)")
+    p.add_argument("--max-instances", type=_bounded(int, 1, "an integer >= 1"), default=None,
+                   help="cap on live instances, below the memory cap (default: the memory cap)")
+    p.add_argument("--memory-share", type=_bounded(float, 0, "a fraction in (0, 1]"), default=None,
+                   help=f"share of the memory available at start-up that instances may fill (default "
+                        f"${limits.MEMORY_SHARE_ENV}, else {limits.MEMORY_SHARE}); servers sharing a machine "
+                        "should split it")
     p.add_argument("--idle-timeout", type=_bounded(float, 0, "a number of seconds > 0"), default=600.0,
                    help="close instances unused for this many seconds (default 600)")
+    p.add_argument("--max-body-bytes", type=_bounded(int, 1, "an integer >= 1"), default=limits.MAX_BODY_BYTES,
+                   help="largest request body; larger answers 413 (default %(default)s)")
+    p.add_argument("--max-batch-ops", type=_bounded(int, 1, "an integer >= 1"), default=limits.MAX_BATCH_OPS,
+                   help="most operations in one POST /batch; more answers 413 (default %(default)s)")
+    p.add_argument("--max-action-chars", type=_bounded(int, 1, "an integer >= 1"), default=limits.MAX_ACTION_CHARS,
+                   help="longest action in characters; longer answers 400 (default %(default)s)")
+    p.add_argument("--secret-file", help="file holding the shared secret clients must send as a Bearer token "
+                                         f"(default: ${limits.SECRET_ENV}, else no authentication)")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a --host other than loopback without a secret")
     p.set_defaults(func=_cmd_env_server)
 
     p = sub.add_parser(

@@ -1,5 +1,6 @@
 """What every environment kind provides to the common server: episodes behind one small interface,
-a task catalogue with the original id semantics, and how the server should parse actions."""
+a task catalogue with the original id semantics, what one instance costs, and how the server
+should parse actions."""
 
 from __future__ import annotations
 
@@ -12,12 +13,18 @@ class InvalidTask(ValueError):
     """A data_idx the environment cannot load; the message names the valid range."""
 
 
+class InvalidCreate(ValueError):
+    """A /create body the environment does not accept; the message names what it accepts."""
+
+
 class InstanceFailed(RuntimeError):
     """The instance is unusable (e.g. its JVM died); only closing it helps."""
 
 
 class Environment(Protocol):
-    """One episode at a time. reset/step return dicts with at least observation, reward, done."""
+    """One episode at a time. reset/step return dicts with at least observation, reward, done,
+    episode_score (the episode's score so far, on [0, 1]) and success (a bool: what the
+    environment means by success); see `envs` for each environment's definition."""
 
     def reset(self, data_idx: int) -> dict: ...
 
@@ -26,6 +33,12 @@ class Environment(Protocol):
     def observation(self) -> str: ...
 
     def close(self) -> None: ...
+
+
+def no_create_fields(body: dict) -> None:
+    """The original clients of most kinds send /create without a body; an empty object is fine."""
+    if body:
+        raise InvalidCreate(f"/create takes no fields, given {sorted(body)}; send no body or {{}}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,14 +55,22 @@ class Kind:
     `index_range`: the valid data_idx values in words, for error messages.
     `batch_threads`: how many instances of one batched request run at once. Pure-Python games
     hold the GIL, so threads only add switching (1); JVM-backed ones wait on sockets (many).
+    `instance_bytes`: what one live instance adds to the server's memory, measured (the module of
+    each kind says how); the memory cap on instances divides by it.
+    `check_create`: validates the body of AgentGym's `POST /create` (raises InvalidCreate).
+    `starts_on_create`: the original server's /create with a body also started the episode
+    data_idx = id and answered its first observation (TextCraft).
     """
 
     name: str
     make: Callable[[], Environment]
     tasks: Callable[[], list[Task]]
     index_range: str
+    instance_bytes: int
     size: Callable[[], int | None] = lambda: None  # data_idx must be below it, when not None
     batch_threads: int = 1
+    check_create: Callable[[dict], None] = no_create_fields
+    starts_on_create: bool = False
 
     def check_data_idx(self, value) -> int:
         """data_idx must be an int (bool is no index) in range; large ids keep each env's meaning."""

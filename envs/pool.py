@@ -1,7 +1,13 @@
 """The live instances of one environment kind: ids, a cap, idle eviction, per-instance locking,
 episode state, and failure isolation. The HTTP layer (`envs.server`) only translates to and from
 JSON; everything a client can get wrong is decided here and raised as a `PoolError` with the
-HTTP status it maps to."""
+HTTP status it maps to.
+
+The cap on live instances follows from memory: `memory_share` of the memory available when the
+pool starts, divided by what one instance of the kind costs (`Kind.instance_bytes`), at least 1.
+An explicit `max_instances` can only lower it. Past the cap /create answers 503; instances
+unused for `idle_timeout` seconds are closed by a sweeper (their ids then answer 404).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from envs.environment import InstanceFailed, InvalidTask, Kind, extract_action
+import psutil
+
+from envs import limits
+from envs.environment import InstanceFailed, InvalidCreate, InvalidTask, Kind, extract_action
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +45,10 @@ class Failed(PoolError):
     status = 500
 
 
+class TooLarge(PoolError):
+    status = 413
+
+
 class ServerFull(PoolError):
     status = 503
 
@@ -58,15 +71,35 @@ class _Instance:
             _close_quietly(self.env)
 
 
+def memory_cap(instance_bytes: int, available_bytes: int, share: float) -> int:
+    """How many instances fit in `share` of `available_bytes` (at least one)."""
+    return max(1, int(share * available_bytes) // instance_bytes)
+
+
 class InstancePool:
-    def __init__(self, kind: Kind, max_instances: int = 512, idle_timeout: float = 600.0):
-        if max_instances < 1:
-            raise ValueError(f"max_instances={max_instances} is not allowed; allowed: an integer >= 1")
+    def __init__(self, kind: Kind, max_instances: int | None = None, idle_timeout: float = 600.0,
+                 memory_share: float = limits.MEMORY_SHARE, max_batch_ops: int = limits.MAX_BATCH_OPS,
+                 max_action_chars: int = limits.MAX_ACTION_CHARS):
+        require_count("max_batch_ops", max_batch_ops)
+        require_count("max_action_chars", max_action_chars)
+        if max_instances is not None:
+            require_count("max_instances", max_instances)
         if idle_timeout <= 0:
             raise ValueError(f"idle_timeout={idle_timeout} is not allowed; allowed: seconds > 0")
+        if not 0 < memory_share <= 1:
+            raise ValueError(f"memory_share={memory_share} is not allowed; allowed: a fraction in (0, 1]")
         self.kind = kind
-        self.max_instances = max_instances
+        available = psutil.virtual_memory().available
+        self.memory_cap = memory_cap(kind.instance_bytes, available, memory_share)
+        memory = (f"the memory cap {self.memory_cap} = {memory_share:.0%} of {available / 2**30:.1f} GiB "
+                  f"available at start-up / {_size(kind.instance_bytes)} per {kind.name} instance")
+        if max_instances is not None and max_instances < self.memory_cap:
+            self.max_instances, self.cap_reason = max_instances, f"--max-instances {max_instances}, under {memory}"
+        else:
+            self.max_instances, self.cap_reason = self.memory_cap, memory
         self.idle_timeout = idle_timeout
+        self.max_batch_ops = max_batch_ops
+        self.max_action_chars = max_action_chars
         self._instances: dict[int, _Instance] = {}
         self._reserved = 0  # slots taken by creations still starting (a JVM takes ~1 s)
         self._ids = itertools.count()
@@ -77,11 +110,25 @@ class InstancePool:
         self._sweeper.start()
 
     # -- lifecycle of instances -------------------------------------------------------------
-    def create(self) -> int:
+    def create(self, body: dict | None = None) -> dict:
+        """A new instance: {"id"}. `body` is AgentGym's /create body, when one came: the kind checks
+        its fields, and a kind that starts on create (TextCraft) also answers the first reset of
+        data_idx = id, as the original server did."""
+        if body is not None:
+            try:
+                self.kind.check_create(body)
+            except InvalidCreate as exc:
+                raise BadRequest(str(exc)) from None
+        instance_id = self._new_instance()
+        if body is not None and self.kind.starts_on_create:
+            return {"id": instance_id, **self.reset(instance_id, instance_id)}
+        return {"id": instance_id}
+
+    def _new_instance(self) -> int:
         with self._lock:
             if len(self._instances) + self._reserved >= self.max_instances:
                 raise ServerFull(
-                    f"server full: {self.max_instances} live instances (--max-instances); "
+                    f"server full: {self.max_instances} live instances, the cap ({self.cap_reason}); "
                     "close instances you no longer need"
                 )
             self._reserved += 1
@@ -133,6 +180,9 @@ class InstancePool:
     def step(self, instance_id, action) -> dict:
         if not isinstance(action, str):
             raise BadRequest(f"action must be a string, given {type(action).__name__}")
+        if len(action) > self.max_action_chars:
+            raise BadRequest(f"the action has {len(action)} characters; the cap is {self.max_action_chars} "
+                             "(--max-action-chars)")
         with self._use(instance_id) as inst:
             if not inst.has_episode:
                 raise EpisodeState(f"instance {instance_id} has no episode yet: POST /reset first")
@@ -153,6 +203,9 @@ class InstancePool:
         """Runs many operations in one call; each result is its own success or {"error", "status"}."""
         if not isinstance(ops, list) or not ops:
             raise BadRequest('expected {"ops": [...]}, a non-empty list of operations')
+        if len(ops) > self.max_batch_ops:
+            raise TooLarge(f"{len(ops)} operations in one /batch; the cap is {self.max_batch_ops} "
+                           "(--max-batch-ops): send them in several")
         if self._batch is None:
             return [self._one(op) for op in ops]
         return list(self._batch.map(self._one, ops))
@@ -163,7 +216,7 @@ class InstancePool:
                 raise BadRequest(f"each operation must be an object, given {op!r}")
             name = op.get("op")
             if name == "create":
-                return {"id": self.create()}
+                return self.create()
             if name == "reset":
                 return self.reset(op.get("id"), op.get("data_idx"))
             if name == "step":
@@ -232,6 +285,15 @@ class _Using:
     def __exit__(self, *exc) -> None:
         self.inst.last_used = time.monotonic()
         self.inst.lock.release()
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB"
+
+
+def require_count(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is not allowed; allowed: an integer >= 1")
 
 
 def _check_id(value) -> int:

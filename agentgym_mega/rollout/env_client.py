@@ -2,26 +2,38 @@
 
 `EnvClient` spreads instances over several servers and talks to each through its batched path
 (`POST /batch`): resetting or stepping a whole rollout round is one round trip per server, all
-servers in parallel. Per-item failures come back as `{"error", "status"}` results, and so does
-every item of a server that cannot be reached, so one broken instance or server costs its own
-episodes, never the round. `start_servers` runs servers as Ray actors
-(`num_gpus=0`) when the trainer starts them itself.
+servers in parallel, each server's operations split into /batch calls that fit its limits
+(operations per call, body bytes). Per-item failures come back as `{"error", "status"}` results,
+and so does every item of a server that cannot be reached, so one broken instance or server costs
+its own episodes, never the round; a server that rejects a whole request (a wrong secret, limits
+below the client's) raises `EnvRequestRejected`, since every later round would fail the same way.
+Step results carry `episode_score` (on [0, 1]) and `success` beside AgentGym's fields (see `envs`).
+`start_servers` runs servers as Ray actors (`num_gpus=0`) when the trainer starts them itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
+from envs import limits
+
 DEFAULT_TIMEOUT_S = 600.0
+_ENVELOPE = len(b'{"ops":[]}')
 
 
 class EnvServerError(RuntimeError):
     """A server could not be reached or rejected a whole request."""
+
+
+class EnvRequestRejected(EnvServerError):
+    """A server answered a whole request with a 4xx status: the request itself is wrong."""
 
 
 MISSING_ID = -1  # no server issues it
@@ -34,11 +46,19 @@ class Handle:
 
 
 class EnvClient:
-    def __init__(self, urls: list[str], timeout: float = DEFAULT_TIMEOUT_S):
+    """`secret`: sent as `Authorization: Bearer <secret>` when given (servers started with one).
+    `max_batch_ops`, `max_body_bytes`: each /batch call stays within them; the servers' defaults."""
+
+    def __init__(self, urls: list[str], timeout: float = DEFAULT_TIMEOUT_S, secret: str | None = None,
+                 max_batch_ops: int = limits.MAX_BATCH_OPS, max_body_bytes: int = limits.MAX_BODY_BYTES):
         if not urls:
             raise ValueError("EnvClient needs at least one server URL")
         self.urls = [u.rstrip("/") for u in urls]
         self.timeout = timeout
+        self.max_batch_ops, self.max_body_bytes = max_batch_ops, max_body_bytes
+        self._headers = {"Content-Type": "application/json"}
+        if secret is not None:
+            self._headers["Authorization"] = f"Bearer {secret}"
         self._local = threading.local()  # requests sessions are not thread-safe: one per thread
         self._fan = ThreadPoolExecutor(len(self.urls))
 
@@ -72,21 +92,36 @@ class EnvClient:
 
     # -- transport ----------------------------------------------------------------------------
     def _run(self, items: list[tuple[int, dict]]) -> list[dict]:
-        """One /batch per server, all servers at once; results in the order of `items`."""
+        """/batch calls to every server at once (several per server past its limits, one after
+        another); results in the order of `items`."""
         by_server: dict[int, list[int]] = {}
         for pos, (server, _) in enumerate(items):
             by_server.setdefault(server, []).append(pos)
         results: list[dict | None] = [None] * len(items)
 
         def send(server: int) -> None:
-            positions = by_server[server]
-            try:
-                answer = self._post(self.urls[server], "/batch", {"ops": [items[p][1] for p in positions]})["results"]
-            except EnvServerError as exc:
-                # A dead or broken server costs its own episodes, never the round.
-                answer = [{"error": f"environment server unavailable: {exc}", "status": 503}] * len(positions)
-            for p, r in zip(positions, answer):
-                results[p] = r
+            encoded = {}
+            for p in by_server[server]:
+                op = json.dumps(items[p][1]).encode()
+                if _ENVELOPE + len(op) > self.max_body_bytes:  # alone it is over the limit: its own error
+                    results[p] = {"error": f"the operation has {len(op)} bytes, over the {self.max_body_bytes}"
+                                           "-byte request limit", "status": 413}
+                else:
+                    encoded[p] = op
+            unavailable = None  # once a call fails, the server's later calls are not tried
+            for positions in _pack(encoded, self.max_batch_ops, self.max_body_bytes):
+                answer = None
+                if unavailable is None:
+                    body = b'{"ops":[' + b",".join(encoded[p] for p in positions) + b"]}"
+                    try:
+                        answer = self._post(self.urls[server], "/batch", body)["results"]
+                    except EnvRequestRejected:
+                        raise
+                    except EnvServerError as exc:
+                        # A dead or broken server costs its own episodes, never the round.
+                        unavailable = {"error": f"environment server unavailable: {exc}", "status": 503}
+                for p, r in zip(positions, answer or [unavailable] * len(positions)):
+                    results[p] = r
 
         for future in [self._fan.submit(send, s) for s in by_server]:
             future.result()
@@ -95,11 +130,12 @@ class EnvClient:
     def _session(self) -> requests.Session:
         if not hasattr(self._local, "session"):
             self._local.session = requests.Session()
+            self._local.session.headers.update(self._headers)
         return self._local.session
 
-    def _post(self, url: str, path: str, body: dict) -> dict:
+    def _post(self, url: str, path: str, body: bytes) -> dict:
         try:
-            resp = self._session().post(url + path, json=body, timeout=self.timeout)
+            resp = self._session().post(url + path, data=body, timeout=self.timeout)
         except requests.RequestException as exc:
             raise EnvServerError(f"{url}{path}: {exc}") from None
         return _json(resp, url + path)
@@ -118,8 +154,23 @@ def _json(resp: requests.Response, where: str) -> dict:
     except ValueError:
         raise EnvServerError(f"{where}: HTTP {resp.status_code}, not JSON: {resp.text[:200]!r}") from None
     if resp.status_code != 200:
-        raise EnvServerError(f"{where}: HTTP {resp.status_code}: {body.get('error', body)}")
+        error = EnvRequestRejected if 400 <= resp.status_code < 500 else EnvServerError
+        raise error(f"{where}: HTTP {resp.status_code}: {body.get('error', body)}")
     return body
+
+
+def _pack(encoded: dict[int, bytes], max_ops: int, max_bytes: int) -> list[list[int]]:
+    """Groups the positions of encoded operations, in order, into /batch bodies of at most
+    `max_ops` operations and `max_bytes` bytes (each operation fits alone)."""
+    groups: list[list[int]] = []
+    size = 0
+    for p, op in encoded.items():
+        if not groups or len(groups[-1]) >= max_ops or size + 1 + len(op) > max_bytes:
+            groups.append([])
+            size = _ENVELOPE - 1  # the first operation has no comma before it
+        groups[-1].append(p)
+        size += 1 + len(op)
+    return groups
 
 
 def wait_healthy(url: str, timeout: float = 120.0) -> dict:
@@ -137,20 +188,40 @@ def wait_healthy(url: str, timeout: float = 120.0) -> dict:
         time.sleep(0.2)
 
 
-def start_servers(env: str, workers: int, max_instances: int = 512, idle_timeout: float = 600.0,
-                  num_cpus: float = 1, options=None) -> tuple[list, list[str]]:
+def start_servers(env: str, workers: int, max_instances: int | None = None, idle_timeout: float = 600.0,
+                  num_cpus: float = 1, options=None, secret: str | None = None) -> tuple[list, list[str]]:
     """Starts `workers` servers as Ray actors on CPU (num_gpus=0); returns (actors, urls).
     `options(i)`, when given, are server i's Ray actor options (see cluster.Placement).
 
-    Keep the actors referenced: a server lives as long as its actor.
+    `secret`: the servers require it as `Authorization: Bearer <secret>`; give EnvClient the same.
+    On a multi-node Ray cluster the servers bind the node's address, so a secret is required there.
+    Servers sharing a node split its memory: each may fill MEMORY_SHARE / ceil(workers / nodes) of
+    what the node has available (the trainer's placement spreads servers evenly over the nodes).
+    `max_instances` None: each server's memory cap. Keep the actors referenced: a server lives as
+    long as its actor.
     """
     import ray
 
+    from agentgym_mega.network import reachable_ip
     from agentgym_mega.rollout.env_server_actor import EnvServerActor
+    from envs.server import check_secret, is_loopback
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False)
-    actors = [ray.remote(**(options(i) if options else {"num_gpus": 0, "num_cpus": num_cpus}))(EnvServerActor)
-              .remote(env, max_instances, idle_timeout) for i in range(workers)]
+    host = reachable_ip()
+    if secret is None and not is_loopback(host):
+        raise ValueError(f"start_servers: the servers would bind {host} (a multi-node Ray cluster) without a "
+                         "secret; pass secret=... and give EnvClient the same")
+    nodes = sum(1 for node in ray.nodes() if node["Alive"])
+    # The servers read these (make_server); an empty secret means none, over any inherited one.
+    env_vars = {limits.MEMORY_SHARE_ENV: str(limits.MEMORY_SHARE / math.ceil(workers / nodes)),
+                limits.SECRET_ENV: "" if secret is None else check_secret(secret, "start_servers(secret=...)")}
+    actors = []
+    for i in range(workers):
+        opts = dict(options(i) if options else {"num_gpus": 0, "num_cpus": num_cpus})
+        runtime_env = dict(opts.get("runtime_env") or {})
+        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env_vars}
+        opts["runtime_env"] = runtime_env
+        actors.append(ray.remote(**opts)(EnvServerActor).remote(env, max_instances, idle_timeout))
     urls = ray.get([a.url.remote() for a in actors])
     return actors, urls

@@ -1,4 +1,8 @@
-"""BabyAI (minigrid grid worlds in text): 40 levels, level = idx % 40 + 1, seed = idx // 40."""
+"""BabyAI (minigrid grid worlds in text): 40 levels, level = idx % 40 + 1, seed = idx // 40.
+
+One instance holds one minigrid level: about 29 KiB each, measured as the RSS growth of 800
+instances over all 40 levels after a reset and three steps each (counted as 64 KiB for the cap).
+"""
 
 from envs.babyai.levels import LEVELS
 from envs.babyai.text import BabyAIEnv
@@ -13,5 +17,5 @@ def _tasks() -> list[Task]:
             for i in range(SEEDS_LISTED * len(LEVELS))]
 
 
-KIND = Kind(name="babyai", make=BabyAIEnv, tasks=_tasks,
+KIND = Kind(name="babyai", make=BabyAIEnv, tasks=_tasks, instance_bytes=64 << 10,
             index_range="an integer >= 0 (level = id % 40 + 1, seed = id // 40)")

@@ -2,7 +2,10 @@
 to the agent, walls, what it carries, available actions) and high-level actions (`go to red
 ball 1`, `pickup grey key 1`, `toggle and go through red closed door 1`) expanded into primitive
 moves by breadth-first search over the grid. Rewards are minigrid's own (1 - 0.9 * steps /
-max_steps on success), summed over the primitive moves an action expands to."""
+max_steps on success), summed over the primitive moves an action expands to.
+
+episode_score is that success reward once the mission is accomplished, else 0; success means the
+episode ended with a positive reward (minigrid's success, not a failed or timed-out mission)."""
 
 from __future__ import annotations
 
@@ -21,8 +24,8 @@ PRIMITIVES = {
 CHECK = "check available actions"
 # Longest prefixes first: "toggle and go through" must not be read as "toggle".
 HIGH_LEVEL = ("toggle and go through ", "go through ", "go to ", "pickup ", "pick up ")
-COMMAND_FORMS = ("turn left, turn right, move forward, go to <object>, pickup <object>, "
-                 "go through <open door>, toggle and go through <door>, pickup, drop, toggle, "
+COMMAND_FORMS = ("turn left", "turn right", "move forward", "go to <object>", "pickup <object>",
+                 "go through <open door>", "toggle and go through <door>", "pickup", "drop", "toggle",
                  "check available actions")
 PICKABLE = ("key", "ball", "box")
 
@@ -34,6 +37,8 @@ class BabyAIEnv:
         self._visible: dict[str, tuple[int, int]] = {}  # object name in the last observation -> cell
         self._observation = ""
         self._view = None  # (grid, visibility) of the agent's current view, from minigrid
+        self._score = 0.0  # the episode's reward so far: minigrid's success reward, or 0
+        self._success = False
 
     @property
     def minigrid_env(self):
@@ -48,18 +53,19 @@ class BabyAIEnv:
             self._keep_views(self._env)
         self._env.reset(seed=seed)
         self._env.gen_obs_grid()  # some levels change the grid after their reset's view (e.g. start carrying)
+        self._score, self._success = 0.0, False
         self._observation = self._describe()
-        return {"observation": self._observation, "reward": 0.0, "score": 0.0, "done": False}
+        return self._answer(0.0, False)
 
     def step(self, action: str) -> dict:
         command = action.strip().lower().rstrip(".!")
         if command == CHECK:
             self._observation = self._describe()
-            return {"observation": self._observation, "reward": 0.0, "score": 0.0, "done": False}
+            return self._answer(0.0, False)
         plan = self._plan(command)
         if isinstance(plan, str):  # why the action cannot be carried out; the world is unchanged
             self._observation = f"{plan}\n{self._describe()}"
-            return {"observation": self._observation, "reward": 0.0, "score": 0.0, "done": False}
+            return self._answer(0.0, False)
         reward, done = 0.0, False
         for primitive in plan:
             _, r, terminated, truncated, _ = self._env.step(primitive)
@@ -67,8 +73,15 @@ class BabyAIEnv:
             if terminated or truncated:
                 done = True
                 break
+        self._score += reward
+        self._success = self._success or (done and reward > 0)
         self._observation = self._describe()
-        return {"observation": self._observation, "reward": reward, "score": reward, "done": done}
+        return self._answer(reward, done)
+
+    def _answer(self, reward: float, done: bool) -> dict:
+        # "score" is this step's reward, as the original's (minigrid rewards only the last step).
+        return {"observation": self._observation, "reward": reward, "score": reward, "done": done,
+                "episode_score": self._score, "success": self._success}
 
     def observation(self) -> str:
         return self._observation
@@ -100,7 +113,7 @@ class BabyAIEnv:
                     seen = ", ".join(self._visible) or "nothing"
                     return f"You cannot see {target!r} (visible: {seen})."
                 return self._expand(prefix.strip(), target)
-        return (f"{command!r} is not a valid action. Valid command forms: {COMMAND_FORMS}.")
+        return f"{command!r} is not a valid action. Valid command forms: {', '.join(COMMAND_FORMS)}."
 
     def _expand(self, verb: str, target: str) -> list[Actions] | str:
         cell = self._visible[target]

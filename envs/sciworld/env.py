@@ -1,8 +1,15 @@
 """One SciWorld episode in its own ScienceWorld JVM: ScienceWorld's observation text, its 0-100
-score, and an end to the JVM on close (the original servers leaked one per instance)."""
+score, and an end to the JVM on close (the original servers leaked one per instance).
+
+`reward` is the step's score change and `score` the 0-100 score, as AgentGym's; episode_score is
+the score / 100 with a failed task's negative score counted as 0; success means the score reached
+100 or ScienceWorld flags the task completed (it never does for a failed one). The reset answer
+also carries the original's task_description, task_name and var_num; its observation already
+starts with the task description, which AgentGym's client prepends once more."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from py4j.protocol import Py4JError
@@ -15,6 +22,14 @@ from envs.sciworld.tasks import catalogue
 STEP_LIMIT = 10_000
 JVM_EXIT_WAIT_S = 5.0
 UNKNOWN_ACTION = "No known action matches that input."
+# The JVM otherwise sizes its heap from the machine (a quarter of RAM): measured here, one grew to
+# 1.2 GB RSS over a dozen episodes. With 256 MiB of heap it peaked at 356 MB running the gold
+# paths of every task type (4 variations each); 128 and 192 MiB ran out of heap on some tasks.
+# The serial collector keeps 7 fewer threads per JVM. The server's memory cap counts on this.
+# Options already in JAVA_TOOL_OPTIONS come after ours, so a user's -Xmx wins (another collector
+# would conflict with the serial one: the JVM refuses to start).
+JVM_OPTIONS = "-Xmx256m -XX:+UseSerialGC"
+os.environ["JAVA_TOOL_OPTIONS"] = f"{JVM_OPTIONS} {os.environ.get('JAVA_TOOL_OPTIONS', '')}".strip()
 
 
 class SciWorldEnv:
@@ -22,6 +37,7 @@ class SciWorldEnv:
         self._env = ScienceWorldEnv(envStepLimit=STEP_LIMIT)
         self._observation = ""
         self._score = 0
+        self._success = False
 
     @property
     def jvm_pid(self) -> int:
@@ -32,27 +48,34 @@ class SciWorldEnv:
         self._call(lambda: self._env.load(entry["task"], entry["variation"], ""))
         obs, info = self._call(self._env.reset)
         self._observation = f"{info['taskDesc']}\n\n{obs}"
-        self._score = int(info["score"])
-        return {"observation": self._observation, "reward": 0.0, "score": float(self._score), "done": False}
+        self._score, self._success = int(info["score"]), False
+        return {**self._answer(0, False), "task_description": info["taskDesc"],
+                "task_name": entry["task"], "var_num": entry["variation"]}
 
     def step(self, action: str) -> dict:
-        obs, score, done = self._call(lambda: self._simulate(action))
+        obs, score, completed, done = self._call(lambda: self._simulate(action))
         if obs.strip() == UNKNOWN_ACTION:
             forms = self._call(self._env.get_possible_actions)
             obs = f"{obs} Valid command forms (OBJ is an object you can see): {', '.join(forms)}."
         reward, self._score = score - self._score, score
+        self._success = self._success or score >= 100 or (completed and score >= 0)
         self._observation = obs
-        return {"observation": obs, "reward": float(reward), "score": float(score), "done": done}
+        return self._answer(reward, done)
 
-    def _simulate(self, action: str) -> tuple[str, int, bool]:
-        """One move, scored as `ScienceWorldEnv.step` scores it. That method also lists every
-        valid action, the room and the inventory on each call: 0.24 s of a 0.25 s step here,
-        for information the protocol does not return."""
+    def _answer(self, reward: int, done: bool) -> dict:
+        return {"observation": self._observation, "reward": float(reward), "score": float(self._score),
+                "done": done, "episode_score": max(self._score, 0) / 100, "success": self._success}
+
+    def _simulate(self, action: str) -> tuple[str, int, bool, bool]:
+        """One move, scored as `ScienceWorldEnv.step` scores it: (observation, score, completed,
+        done). That method also lists every valid action, the room and the inventory on each
+        call: 0.24 s of a 0.25 s step here, for information the protocol does not return."""
         sim = self._env.server
         obs = sim.step(action)
         score = int(round(100 * sim.getScore()))
-        done = bool(sim.getCompleted()) or score < 0 or self._env.get_num_moves() > STEP_LIMIT
-        return obs, score, done
+        completed = bool(sim.getCompleted())
+        done = completed or score < 0 or self._env.get_num_moves() > STEP_LIMIT
+        return obs, score, completed, done
 
     def gold_actions(self, data_idx: int) -> list[str]:
         """ScienceWorld's own solution of a task (reloads it; reset before playing)."""

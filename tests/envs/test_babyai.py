@@ -59,8 +59,19 @@ def test_go_to_action_expands_into_moves_and_earns_minigrid_reward():
         grid = env.minigrid_env
         assert result["done"] and grid.step_count > before
         assert result["reward"] == pytest.approx(1 - 0.9 * grid.step_count / grid.max_steps)
+        assert result["episode_score"] == result["reward"] and result["success"] is True
         solved += 1
     assert solved >= 5
+
+
+def test_a_mission_out_of_time_ends_without_success():
+    env = BabyAIEnv()
+    first = env.reset(0)
+    assert (first["episode_score"], first["success"]) == (0.0, False)
+    env.minigrid_env.max_steps = env.minigrid_env.step_count + 1  # the next move is the last one
+    result = env.step("turn left")
+    assert result["done"] and result["reward"] == 0.0
+    assert (result["episode_score"], result["success"]) == (0.0, False)
 
 
 def test_pickup_and_toggle_through_doors():

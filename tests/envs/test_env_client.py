@@ -1,4 +1,5 @@
-"""The trainer's client: servers started as Ray actors on CPU, batched calls fanned out over them."""
+"""The trainer's client: servers started as Ray actors on CPU, batched calls fanned out over them,
+split to fit the servers' limits, with the shared secret."""
 
 import time
 
@@ -6,17 +7,52 @@ import pytest
 import ray
 import requests
 
-from agentgym_mega.rollout.env_client import EnvClient, Handle, start_servers
+from agentgym_mega.rollout.env_client import EnvClient, EnvRequestRejected, Handle, start_servers
 from envs.textcraft.game import TextCraftEnv
+from tests.envs.conftest import running
+
+SECRET = "client-test-secret"
+
+
+def test_client_sends_the_secret_and_splits_batches_to_the_server_limits(tmp_path):
+    (tmp_path / "secret").write_text(SECRET)
+    limits = ("--max-batch-ops", "3", "--max-body-bytes", "1200")
+    with running("textcraft", "--secret-file", str(tmp_path / "secret"), *limits) as server:
+        client = EnvClient([server.url], secret=SECRET, max_batch_ops=3, max_body_bytes=1200)
+        handles = client.create(10)
+        assert sorted(h.id for h in handles) == list(range(10))
+        client.reset(handles, [0] * 10)
+        # ~300-byte replies: 3 operations or ~1200 bytes per call, so at least four calls.
+        replies = [f"Thought: {'hmm ' * 70}\nAction: get {k + 1} acacia logs" for k in range(10)]
+        steps = client.step(handles, replies)
+        assert [r["observation"] for r in steps] == [f"Got {k + 1} acacia logs" for k in range(10)]
+        assert all((r["episode_score"], r["success"]) == (0.0, False) for r in steps)
+        won = client.step(handles[:1], ["craft 4 acacia planks using 1 acacia logs"])[0]
+        assert (won["done"], won["episode_score"], won["success"]) == (True, 1.0, True)
+        oversized = client.step(handles[1:3], ["inventory " + "x" * 2000, "inventory"])
+        assert oversized[0]["status"] == 413 and "over the 1200-byte request limit" in oversized[0]["error"]
+        assert oversized[1]["observation"].startswith("Inventory: [acacia logs] (3)")
+        assert client.close(handles) == [{"closed": True}] * 10
+        with pytest.raises(EnvRequestRejected, match="HTTP 401: unauthorized: a wrong secret"):
+            EnvClient([server.url], secret="not-it").create(1)
+        with pytest.raises(EnvRequestRejected, match="HTTP 401: unauthorized: no Authorization header"):
+            EnvClient([server.url]).tasks()
+        client.shutdown()
+    # The server is gone: every item of every call it would have taken fails on its own.
+    gone = EnvClient([server.url], max_batch_ops=3).step(handles, ["inventory"] * 10)
+    assert [r["status"] for r in gone] == [503] * 10 and all("unavailable" in r["error"] for r in gone)
 
 
 @pytest.mark.slow
 def test_ray_actor_servers_and_batched_fan_out():
     ray.init(num_cpus=2, include_dashboard=False)
     try:
-        actors, urls = start_servers("textcraft", workers=2, num_cpus=0.5)
+        actors, urls = start_servers("textcraft", workers=2, num_cpus=0.5, secret=SECRET)
         assert len(set(urls)) == 2
-        client = EnvClient(urls)
+        assert requests.post(urls[0] + "/create").status_code == 401
+        health = requests.get(urls[0] + "/health").json()
+        assert health["auth"] is True and "40% of" in health["cap"]  # two servers on this one node
+        client = EnvClient(urls, secret=SECRET)
         handles = client.create(8)
         assert sorted({h.server for h in handles}) == [0, 1]
         idxs = [3, 130, 420, 540, 3, 130, 420, 540]

@@ -5,6 +5,7 @@ import pytest
 import requests
 from scienceworld import ScienceWorldEnv
 
+import envs
 from envs.sciworld import KIND
 from envs.sciworld.env import STEP_LIMIT, SciWorldEnv
 from envs.sciworld.tasks import EXCLUDED, catalogue
@@ -57,6 +58,38 @@ def test_gold_action_sequences_reach_score_100():
             for action in gold:
                 result = env.step(action)
             assert result["score"] == 100.0 and result["done"], (task_id, result)
+            assert result["episode_score"] == 1.0 and result["success"] is True
+    finally:
+        env.close()
+
+
+def test_instruction_names_every_command_form_scienceworld_lists():
+    env = SciWorldEnv()
+    try:
+        env.reset(0)
+        forms = set(env._env.get_possible_actions()) - {"reset task"}  # restarting is no move for the model
+    finally:
+        env.close()
+    text = envs.instruction("sciworld")
+    # ScienceWorld parses "go to kitchen" as "go OBJ"; its own gold paths say "go to".
+    assert sorted(f for f in forms if f.replace("go OBJ", "go to OBJ") not in text) == []
+
+
+def test_episode_score_and_success_partial_failed_and_reset_fields():
+    env = SciWorldEnv()
+    try:
+        idx = _first("4-2")
+        gold = env.gold_actions(idx)
+        first = env.reset(idx)
+        entry = catalogue()[idx]
+        assert (first["task_name"], first["var_num"]) == (entry["task"], entry["variation"])
+        assert first["observation"].startswith(first["task_description"])  # AgentGym's client reads both
+        partial = [r for r in map(env.step, gold[:-1]) if 0 < r["score"] < 100]
+        assert partial and all(r["episode_score"] == r["score"] / 100 and r["success"] is False for r in partial)
+        env.reset(_first("1-1"))  # boil: focusing on anything but the substance fails the task
+        failed = env.step("focus on agent")
+        assert failed["done"] and failed["score"] == -100.0 and failed["reward"] == -100.0
+        assert (failed["episode_score"], failed["success"]) == (0.0, False)
     finally:
         env.close()
 

@@ -26,7 +26,8 @@ def test_agentgym_episode_with_bare_and_react_actions(textcraft_server):
     reset = _post(s, "/reset", {"id": iid, "data_idx": 2}).json()
     assert reset["observation"].startswith("Crafting commands:") and reset["done"] is False
     bare = _post(s, "/step", {"id": iid, "action": "get 2 oak logs"}).json()
-    assert bare == {"observation": "Got 2 oak logs", "reward": 0.0, "done": False}
+    assert bare == {"observation": "Got 2 oak logs", "reward": 0.0, "done": False, "episode_score": 0.0,
+                    "success": False}
     reply = "Thought: I need to check.\nAction: inventory\nThen I will craft."
     react = _post(s, "/step", {"id": iid, "action": reply}).json()
     assert react["observation"] == "Inventory: [oak logs] (2) "

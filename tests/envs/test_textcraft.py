@@ -45,9 +45,12 @@ def test_observation_lists_groups_and_crafting_needs_concrete_items():
     env.step("get 2 string")
     env.step("get 1 oak logs")
     assert env.step("craft 4 oak planks using 1 oak logs")["observation"] == "Crafted 4 minecraft:oak_planks"
-    assert "Could not" in env.step("craft 1 loom using 2 planks, 2 string")["observation"]
+    group = env.step("craft 1 loom using 2 planks, 2 string")
+    assert "Could not" in group["observation"] and (group["episode_score"], group["success"]) == (0.0, False)
     done = env.step("craft 1 loom using 2 oak planks, 2 string")
-    assert done == {"observation": "Crafted 1 minecraft:loom", "reward": 1.0, "done": True}
+    assert done == {"observation": "Crafted 1 minecraft:loom", "reward": 1.0, "done": True, "episode_score": 1.0,
+                    "success": True}
+    assert env.reset(loom)["episode_score"] == 0.0  # a new episode starts from 0
 
 
 def test_invalid_command_names_the_valid_forms():

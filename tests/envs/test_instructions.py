@@ -1,0 +1,47 @@
+"""Each environment's instruction: the reply format and every command form the environment
+takes, read without importing the environment (the trainer calls it)."""
+
+import subprocess
+import sys
+
+import pytest
+
+import envs
+from envs.babyai.text import COMMAND_FORMS as BABYAI_FORMS
+from envs.textcraft.game import COMMAND_FORMS as TEXTCRAFT_FORMS
+from tests.conftest import REPO
+
+
+@pytest.mark.parametrize("name", envs.KINDS)
+def test_instruction_gives_the_thought_then_action_format(name):
+    text = envs.instruction(name)
+    lines = text.splitlines()
+    assert any(line.startswith("Thought:") for line in lines)
+    example = next(i for i, line in enumerate(lines) if line.startswith("Action: "))
+    assert lines[example - 1].startswith("Thought: ")  # the worked example: a Thought line, then the Action line
+    assert 'exactly one' in text and 'on its own line starting with "Action:"' in text
+
+
+@pytest.mark.parametrize("name,forms", [("textcraft", TEXTCRAFT_FORMS), ("babyai", BABYAI_FORMS)])
+def test_instruction_names_every_command_form_of_its_environment(name, forms):
+    text = envs.instruction(name)
+    assert [form for form in forms if form not in text] == []
+
+
+def test_textcraft_instruction_tells_the_concrete_ingredient_rule():
+    text = envs.instruction("textcraft")
+    assert '"planks"' in text and "oak planks" in text and "count" in text
+
+
+def test_unknown_environment_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"unknown environment 'nope'; allowed: textcraft, babyai, sciworld"):
+        envs.instruction("nope")
+
+
+def test_instructions_load_without_the_environments():
+    code = ("import sys, envs\n"
+            "assert all(envs.instruction(n) for n in envs.KINDS)\n"
+            "print(sorted(m for m in ('minigrid', 'gymnasium', 'scienceworld', 'py4j', 'textcraft') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
