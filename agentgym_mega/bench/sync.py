@@ -12,6 +12,8 @@ run."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import shutil
 import tempfile
 import time
 
@@ -53,6 +55,7 @@ def raw_zmq_gbps(total_bytes: int, frame_bytes: int) -> float:
     seconds = time.perf_counter() - start
     proc.join()
     sock.close(linger=0)
+    shutil.rmtree(os.path.dirname(address.removeprefix("ipc://")), ignore_errors=True)  # default_address's directory
     return total_bytes / seconds / 1e9
 
 
@@ -115,7 +118,7 @@ def _logprob_gap(group, engine) -> torch.Tensor:
     import ray
 
     prompts = [[1, 5, 9, 20, 33, 7], [1, 7, 7, 7], [1, 300, 12, 40]]
-    generations = ray.get(engine.generate.remote(prompts, SamplingConfig(max_tokens=16, seed=0)))
+    generations = ray.get(engine.generate.remote(prompts, SamplingConfig(max_tokens=16), [0] * len(prompts)))
     width = max(len(p) + len(g.token_ids) for p, g in zip(prompts, generations))
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
     mask = torch.zeros(len(prompts), width, dtype=torch.bool)

@@ -55,13 +55,15 @@ def _refresh_tied_lm_head(model) -> None:
 class VLLMWeightLoader:
     """Worker methods callable through `LLM.collective_rpc` (prefixed to avoid clashes)."""
 
-    def agm_receive_weights(self, address: str, version: int, timeout_s: float) -> int:
+    def agm_receive_weights(self, address: str, version: int, timeout_s: float,
+                            secret: str | bytes | None = None) -> int:
         if not hasattr(self, "_agm_shapes"):
             self._agm_shapes = checkpoint_shapes(self.vllm_config.model_config.model)
             self._agm_staging = StagingArea()
-        receiver = ZmqWeightReceiver(address, timeout_s, self._agm_staging)
+        # Refuses tcp:// without a secret, and CUDA IPC handles anywhere but over ipc://.
+        receiver = ZmqWeightReceiver(address, timeout_s, self._agm_staging, secret=secret)
         try:
-            got, tensors = receiver.receive()
+            got, tensors = receiver.receive(version)
             if got != version:
                 raise SyncError(f"expected weights version {version}, the trainer sent {got}")
             check_complete(self._agm_shapes, tensors)

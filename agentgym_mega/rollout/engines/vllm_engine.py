@@ -14,6 +14,7 @@ from agentgym_mega.network import reachable_ip
 from agentgym_mega.rollout.engines.base import Generation, InferenceEngine, SamplingConfig
 
 LOADER = "agentgym_mega.weight_sync.vllm_loader.VLLMWeightLoader"
+CPU_STEP_TOKENS = 4096  # vLLM's own CPU default budget of tokens per engine step
 
 
 class VLLMEngine(InferenceEngine):
@@ -46,6 +47,12 @@ class VLLMEngine(InferenceEngine):
             enable_sleep_mode=self._gpu,
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=not self._gpu,
+            # vLLM rewinds a seeded request's generator after a partial (chunked) prefill through
+            # its offset, which only CUDA generators have: on CPU a seeded request split across
+            # steps kills the engine ("CPU Generator does not use offset"). Prompts are then
+            # scheduled whole, which needs a step budget of at least one full context.
+            enable_chunked_prefill=self._gpu,
+            max_num_batched_tokens=None if self._gpu else max(max_model_len, CPU_STEP_TOKENS),
             # An engine placed over several bundles (cluster.Placement, engine_tp > 1): vLLM's
             # Ray executor puts one worker in each of the bundles this variable names.
             distributed_executor_backend="ray" if os.environ.get("VLLM_RAY_BUNDLE_INDICES") else None,
@@ -53,18 +60,22 @@ class VLLMEngine(InferenceEngine):
         self.version = 0
         self.sleeping = False
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
+                 seeds: list[int] | None = None) -> list[Generation]:
         from vllm import SamplingParams
 
-        params = SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_tokens,
-            stop_token_ids=list(sampling.stop_token_ids),
-            seed=sampling.seed,
-            logprobs=0,  # the sampled token's own log-prob
-        )
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        def params(seed: int | None) -> SamplingParams:
+            return SamplingParams(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                stop_token_ids=list(sampling.stop_token_ids),
+                seed=seed,
+                logprobs=0,  # the sampled token's own log-prob
+            )
+
+        per_request = params(None) if seeds is None else [params(s) for s in seeds]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], per_request, use_tqdm=False)
         results = []
         for out in outputs:
             completion = out.outputs[0]
@@ -73,8 +84,9 @@ class VLLMEngine(InferenceEngine):
             results.append(Generation(ids, logprobs, "length" if completion.finish_reason == "length" else "stop"))
         return results
 
-    def update_weights(self, address: str, version: int, timeout_s: float = 120.0) -> int:
-        self.llm.collective_rpc("agm_receive_weights", args=(address, version, timeout_s))
+    def update_weights(self, address: str, version: int, timeout_s: float = 120.0,
+                       secret: str | bytes | None = None) -> int:
+        self.llm.collective_rpc("agm_receive_weights", args=(address, version, timeout_s, secret))
         # Cached KV blocks were computed with the old weights.
         self.llm.reset_prefix_cache()
         self.version = version
