@@ -41,29 +41,40 @@ def reinforce_pp_advantages(rewards, mask, gamma: float, eps: float = 1e-8) -> t
     return masked_whiten(returns, mask, eps)
 
 
-def _group_stats(scores, group_ids):
-    """Per-element group sum, count and unbiased std (0 for groups of one)."""
+def _group_stats(scores, group_ids, valid=None):
+    """Per-element group sum, count and unbiased std (0 for groups of one) over the `valid`
+    elements only (default: all); an invalid element still gets its group's statistics."""
+    valid = torch.ones_like(scores, dtype=torch.bool) if valid is None else valid.bool()
+    weight = valid.to(scores.dtype)
     _, inverse = torch.unique(group_ids, return_inverse=True)
     groups = int(inverse.max()) + 1 if len(inverse) else 0
-    count = torch.zeros(groups, dtype=scores.dtype).index_add_(0, inverse, torch.ones_like(scores))
-    total = torch.zeros(groups, dtype=scores.dtype).index_add_(0, inverse, scores)
-    mean = total / count
-    sq = torch.zeros(groups, dtype=scores.dtype).index_add_(0, inverse, (scores - mean[inverse]) ** 2)
+    count = torch.zeros(groups, dtype=scores.dtype).index_add_(0, inverse, weight)
+    total = torch.zeros(groups, dtype=scores.dtype).index_add_(0, inverse, scores * weight)
+    mean = total / count.clamp_min(1.0)
+    sq = torch.zeros(groups, dtype=scores.dtype).index_add_(0, inverse, (scores - mean[inverse]) ** 2 * weight)
     std = torch.sqrt(sq / (count - 1).clamp_min(1.0))
     return total[inverse], count[inverse], std[inverse]
 
 
-def grpo_advantages(scores, group_ids, norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+def grpo_advantages(scores, group_ids, valid=None, norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """GRPO: score minus its group's mean, divided by the group's (unbiased) std + eps.
-    A group of one has no baseline and gets advantage 0."""
-    total, count, std = _group_stats(scores, group_ids)
-    centred = scores - total / count
+    Only `valid` samples (default: all) enter the group statistics and get an advantage: an
+    episode that ended on an environment error says nothing about the policy. A group with one
+    valid sample has no baseline and gets advantage 0."""
+    total, count, std = _group_stats(scores, group_ids, valid)
+    centred = scores - total / count.clamp_min(1.0)
     advantages = centred / (std + eps) if norm_by_std else centred
-    return torch.where(count > 1, advantages, torch.zeros_like(advantages))
+    return torch.where(_has_baseline(count, valid), advantages, torch.zeros_like(advantages))
 
 
-def rloo_advantages(scores, group_ids) -> torch.Tensor:
-    """RLOO: score minus the mean of the other samples of its group (0 for a group of one)."""
-    total, count, _ = _group_stats(scores, group_ids)
+def rloo_advantages(scores, group_ids, valid=None) -> torch.Tensor:
+    """RLOO: score minus the mean of the other valid samples of its group (0 for a group with one
+    valid sample, and for invalid samples, as in :func:`grpo_advantages`)."""
+    total, count, _ = _group_stats(scores, group_ids, valid)
     leave_one_out = (total - scores) / (count - 1).clamp_min(1.0)
-    return torch.where(count > 1, scores - leave_one_out, torch.zeros_like(scores))
+    return torch.where(_has_baseline(count, valid), scores - leave_one_out, torch.zeros_like(scores))
+
+
+def _has_baseline(count, valid) -> torch.Tensor:
+    ok = count > 1
+    return ok if valid is None else ok & valid.bool()

@@ -9,7 +9,9 @@ from agentgym_mega.algorithms.losses import kl_penalty
 
 
 def token_rewards(batch, cfg) -> torch.Tensor:
-    """The terminal rewards, minus the KL penalty per token when KL is part of the reward."""
+    """The terminal rewards, minus the KL penalty per token when KL is part of the reward (the
+    token-level estimators only: config validation refuses `kl_in=reward` for grpo and rloo,
+    whose advantage is one number per episode)."""
     rewards = batch.rewards
     if cfg.kl_in == "reward" and cfg.kl_coef > 0:
         kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.kl_type) * batch.loss_mask
@@ -27,7 +29,9 @@ def compute_advantages(batch, cfg):
         batch.returns = batch.advantages
     else:
         # Outcome estimators: one advantage per episode, on every token the policy produced.
-        per_episode = (grpo_advantages if cfg.estimator == "grpo" else rloo_advantages)(batch.scores, batch.group_ids)
+        # Episodes that ended on an env error neither get an advantage nor shift their group's baseline.
+        estimator = grpo_advantages if cfg.estimator == "grpo" else rloo_advantages
+        per_episode = estimator(batch.scores, batch.group_ids, batch.valid)
         batch.advantages = per_episode[:, None] * mask
         batch.returns = batch.advantages
     return batch

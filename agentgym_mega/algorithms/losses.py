@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+LOG_RATIO_CLAMP = 20.0
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
@@ -82,7 +83,9 @@ def policy_loss(
 def clipped_surrogate(logp, old_logp, advantages, clip: float = 0.2,
                       dual_clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token PPO surrogate loss and where its clipped branch was taken (1.0 / 0.0)."""
-    ratio = torch.exp(logp - old_logp)
+    # Clamped as verl does: one token whose probability moved by e^20 or more cannot make the
+    # loss (or its gradient) infinite.
+    ratio = torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
     loss = torch.maximum(unclipped, clipped)

@@ -174,16 +174,17 @@ def test_actor_loss_combines_surrogate_entropy_and_kl():
     assert "kl" not in metrics
 
 
-def _batch(scores, groups, mask, rewards=None, values=None):
-    from agentgym_mega.rollout.batch import TrajectoryBatch
+def _batch(scores, groups, mask, rewards=None, values=None, statuses=None):
+    from agentgym_mega.rollout.batch import Episode, TrajectoryBatch
 
     mask = T(mask)
     n = len(scores)
+    episodes = [Episode(0, "", g, s, s > 0, 1, status, 1) for g, s, status in zip(groups, scores, statuses or ["done"] * n)]
     return TrajectoryBatch(
         input_ids=torch.zeros_like(mask, dtype=torch.long), attention_mask=torch.ones_like(mask),
         loss_mask=mask, rollout_logprobs=torch.zeros_like(mask),
         rewards=T(rewards) if rewards is not None else torch.zeros_like(mask),
-        group_ids=T(groups), scores=T(scores), episodes=[None] * n,
+        group_ids=T(groups), scores=T(scores), episodes=episodes,
         values=T(values) if values is not None else None,
     )
 
@@ -212,18 +213,54 @@ def test_gae_estimator_uses_values_and_token_rewards():
 
 
 def test_eval_summary_avg_pass_at_n_and_success():
+    import dataclasses
+
     from agentgym_mega.evaluation import summarize
     from agentgym_mega.rollout.batch import Episode
 
-    def ep(task, category, score):
-        return Episode(task, category, task, score, 3, "done", 10)
+    def ep(task, category, score):  # success as a SciWorld task has it: full score only
+        return Episode(task, category, task, score, score == 1.0, 3, "done", 10)
 
+    broken = dataclasses.replace(ep(1, "depth1", 1.0), status="env_error")  # left out of every figure
     episodes = [ep(0, "depth1", 1.0), ep(0, "depth1", 0.0), ep(1, "depth1", 0.0), ep(1, "depth1", 0.0),
-                ep(2, "depth2", 0.5), ep(2, "depth2", 0.5)]
+                ep(2, "depth2", 0.5), ep(2, "depth2", 0.5), broken]
     report = summarize(episodes, n=2)
-    # Avg@2: mean of all six scores; Pass@2: tasks 0 and 2 of 3 have a sample > 0; success: 3 of 6
-    # samples score > 0
+    # Avg@2: mean of the six scores; Pass@2: tasks 0 and 2 of 3 have a sample > 0; success: 1 of 6
+    # samples is a success (scoring 0.5 is progress, not success)
     assert report["overall"] == {"tasks": 3, "avg": pytest.approx(2.0 / 6), "pass": pytest.approx(2 / 3),
-                                 "success": 0.5}
+                                 "success": pytest.approx(1 / 6)}
     assert report["categories"]["depth1"] == {"tasks": 2, "avg": 0.25, "pass": 0.5, "success": 0.25}
-    assert report["categories"]["depth2"] == {"tasks": 1, "avg": 0.5, "pass": 1.0, "success": 1.0}
+    assert report["categories"]["depth2"] == {"tasks": 1, "avg": 0.5, "pass": 1.0, "success": 0.0}
+    assert report["env_errors"] == 1
+
+
+def test_env_error_episodes_do_not_shift_their_group_baseline():
+    from agentgym_mega.algorithms import compute_advantages
+    from agentgym_mega.config import AlgorithmConfig
+
+    # group 0: scores 1, 0 and an env error that scored 0 before it broke; group 1: one valid
+    # sample beside an env error, so no baseline at all.
+    statuses = ["done", "done", "env_error", "done", "env_error"]
+    scores, groups = [1.0, 0.0, 0.0, 1.0, 0.0], [0, 0, 0, 1, 1]
+    valid = T([True, True, False, True, False])
+    torch.testing.assert_close(rloo_advantages(T(scores), T(groups), valid), T([1.0, -1.0, 0.0, 0.0, 0.0]))
+    a = 0.5 / (0.5 ** 0.5 + 1e-6)  # mean 0.5 and unbiased std sqrt(0.5) over the two valid samples
+    torch.testing.assert_close(grpo_advantages(T(scores), T(groups), valid), T([a, -a, 0.0, 0.0, 0.0]))
+    batch = _batch(scores, groups, [[1.0, 1.0]] * 5, statuses=statuses)
+    compute_advantages(batch, AlgorithmConfig(estimator="rloo"))
+    torch.testing.assert_close(batch.advantages[:, 0], T([1.0, -1.0, 0.0, 0.0, 0.0]))
+
+
+def test_ppo_ratio_is_clamped_so_one_token_cannot_make_the_loss_infinite():
+    from agentgym_mega.algorithms.losses import LOG_RATIO_CLAMP, clipped_surrogate
+
+    # a token whose probability rose by e^1000 with a negative advantage: the unclipped branch
+    # would be -A * inf
+    logp, old = T([0.0, -0.1]), T([-1000.0, -0.1])
+    loss, _ = clipped_surrogate(logp, old, T([-1.0, 1.0]))
+    assert torch.isfinite(loss).all()
+    torch.testing.assert_close(loss[0], torch.exp(T(LOG_RATIO_CLAMP)))
+    torch.testing.assert_close(loss[1], T(-1.0))
+    logp = logp.clone().requires_grad_(True)
+    clipped_surrogate(logp, old, T([-1.0, 1.0]))[0].sum().backward()
+    assert torch.isfinite(logp.grad).all()
