@@ -161,14 +161,16 @@ class TrainerRank:
     def _synchronizer(self, engines: list):
         """Built at the first sync, when the engines' nodes are known."""
         if self.synchronizer is None:
-            from agentgym_mega.weight_sync import ZmqWeightSynchronizer, endpoint
+            from agentgym_mega.weight_sync import ZmqWeightSynchronizer, endpoint, new_secret
 
             options = self.cfg.weight_sync
             nodes = [e["node"] for e in ray.get([e.health.remote() for e in engines])]
             address, cuda_ipc = endpoint(options.transport, reachable_ip(), nodes, platform.has_cuda())
+            # A secret for the run (the synchronizer lives as long as rank 0): it reaches the engines
+            # through Ray, as update_weights(..., secret=...), never over the socket.
             self.synchronizer = ZmqWeightSynchronizer(
                 address, bucket_bytes=options.bucket_mb << 20, timeout_s=options.timeout_s,
-                workers_per_engine=self.cfg.rollout.engine_tp, cuda_ipc=cuda_ipc)
+                workers_per_engine=self.cfg.rollout.engine_tp, cuda_ipc=cuda_ipc, secret=new_secret())
         return self.synchronizer
 
     def save_checkpoint(self, root: str, step: int, trainer_state: dict) -> str:
@@ -202,6 +204,23 @@ class TrainerGroup:
             ray.kill(r)
 
 
+def env_servers(cfg, options=None) -> tuple[list, list[str], str | None]:
+    """(server actors, urls, secret) of a run: `env.server_urls` with the secret in
+    $AGENTGYM_MEGA_SECRET (if their servers were given one), or `env.workers` servers started
+    here with a fresh secret, which they require of every request (they bind the node's address
+    on a multi-node cluster)."""
+    import secrets
+
+    from agentgym_mega.rollout.env_client import start_servers
+    from envs.limits import SECRET_ENV
+
+    if cfg.env.server_urls:
+        return [], list(cfg.env.server_urls), os.environ.get(SECRET_ENV) or None
+    secret = secrets.token_urlsafe(32)
+    actors, urls = start_servers(cfg.env.name, cfg.env.workers, options=options, secret=secret)
+    return actors, urls, secret
+
+
 class Stack:
     """Everything a run needs, started from its config: Ray, environment servers, inference
     engines and the trainer groups (actor; reference policy when a KL term is on; critic for GAE)."""
@@ -210,7 +229,7 @@ class Stack:
         from transformers import AutoTokenizer
 
         from agentgym_mega.rollout.engines.vllm_engine import launch_remote
-        from agentgym_mega.rollout.env_client import EnvClient, start_servers
+        from agentgym_mega.rollout.env_client import EnvClient
         from agentgym_mega.rollout.tasks import select_tasks
 
         if not ray.is_initialized():
@@ -223,14 +242,13 @@ class Stack:
                      include_dashboard=False, log_to_driver=False)
         self.cfg = cfg
         self.placement = Placement(cfg, gpus=ray.cluster_resources().get("GPU", 0) >= 1)
-        self.env_servers, urls = [], list(cfg.env.server_urls)
-        if not urls:
-            self.env_servers, urls = start_servers(cfg.env.name, cfg.env.workers, options=self.placement.env_server)
-        self.env = EnvClient(urls)
+        self.env_servers, urls, secret = env_servers(cfg, self.placement.env_server)
+        self.env = EnvClient(urls, secret=secret)
         self.tasks = select_tasks(self.env.tasks(), cfg.env.split, cfg.env.task_ids, cfg.env.categories)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         self.engines = [
-            launch_remote(cfg.model.path, tp=cfg.rollout.engine_tp, max_model_len=cfg.rollout.max_model_len,
+            launch_remote(cfg.model.path, tp=cfg.rollout.engine_tp, dtype=cfg.rollout.dtype,
+                          max_model_len=cfg.rollout.max_model_len,
                           gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.trainer.seed + i,
                           options=self.placement.engine(i))
             for i in range(cfg.rollout.num_engines)

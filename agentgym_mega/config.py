@@ -82,6 +82,12 @@ class RolloutConfig:
     n_per_task: StrictInt = 4
     temperature: float = 1.0
     top_p: float = 1.0
+    # Each request sampled with its own seed from (trainer.seed, step, episode, turn): a resumed
+    # run samples what the uninterrupted one would have. Off: the engines' own random streams.
+    seeded: StrictBool = True
+    # The engines' dtype; null = model.dtype (filled in on load), so the policy that samples is the
+    # one the trainer trains.
+    dtype: Optional[Literal["auto", "float32", "bfloat16"]] = None
     max_tokens_per_turn: StrictInt = 512
     max_model_len: StrictInt = 8192
     gpu_memory_utilization: float = 0.6
@@ -89,7 +95,11 @@ class RolloutConfig:
     def __post_init__(self):
         for key in ("engine_tp", "num_engines", "n_per_task", "max_tokens_per_turn"):
             _require(getattr(self, key) >= 1, f"rollout.{key}", getattr(self, key), "an integer >= 1")
-        _require(self.temperature >= 0, "rollout.temperature", self.temperature, "a number >= 0")
+        # Greedy decoding has no sampling distribution: PPO's ratio against it (and the trainer's
+        # logits / temperature) would be undefined.
+        _require(self.temperature > 0, "rollout.temperature", self.temperature,
+                 "a number > 0 (greedy decoding, 0, has no sampling distribution for PPO's ratio; "
+                 "use e.g. 0.1 for near-greedy sampling)")
         _require(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "a number in (0, 1]")
         _require(
             self.max_model_len > self.max_tokens_per_turn, "rollout.max_model_len", self.max_model_len,
@@ -111,6 +121,9 @@ class EnvConfig:
     split: Literal["train", "test"] = "train"
     task_ids: Optional[list[StrictInt]] = None  # default: every task of the split
     categories: Optional[list[StrictStr]] = None  # default: every category (level, depth, task type)
+    # Opens every episode's first user turn; null = the environment's own (envs/<name>/instruction.txt),
+    # "" = none (a model trained without one, like the CPU demo's tiny base policy).
+    instruction: Optional[StrictStr] = None
 
     def __post_init__(self):
         _require(self.categories is None or bool(self.categories), "env.categories", self.categories,
@@ -277,6 +290,15 @@ class Config:
                 self.rollout.n_per_task >= 2, "rollout.n_per_task", self.rollout.n_per_task,
                 f">= 2 with algorithm.estimator={self.algorithm.estimator} (it compares samples of one task)",
             )
+        if self.rollout.dtype is None:  # the engines sample from the policy the trainer trains
+            self.rollout.dtype = self.model.dtype
+        algorithm = self.algorithm
+        _require(
+            not (algorithm.kl_in == "reward" and algorithm.kl_coef > 0 and algorithm.estimator in ("grpo", "rloo")),
+            "algorithm.kl_in", algorithm.kl_in,
+            f"loss with algorithm.estimator={algorithm.estimator} (its advantage is one number per episode, "
+            "so a per-token KL in the reward has nowhere to go), or algorithm.kl_coef=0 for no KL",
+        )
         engine_gpus = self.rollout.num_engines * self.rollout.engine_tp
         if self.cluster.placement == "colocated":
             _require(

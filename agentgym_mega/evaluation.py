@@ -1,7 +1,9 @@
 """`agentgym-mega eval` and evaluation inside training: the AgentGym protocol. n samples per
-task at the run's temperature, the environment's evaluation turn cap, and Avg@n (mean score over
-all samples), Pass@n (share of tasks with a sample scoring above 0) and the success rate (share
-of samples scoring above 0), overall and per category."""
+task at the run's temperature, the environment's evaluation turn cap, and Avg@n (mean episode
+score, on [0, 1] for every environment: the paper's SciWorld figures are these times 100),
+Pass@n (share of tasks with a sample scoring above 0, as the paper defines it) and the success
+rate (share of samples the environment calls successful), overall and per category. Episodes
+that ended on an env error are left out of all three and counted in `env_errors`."""
 
 from __future__ import annotations
 
@@ -16,15 +18,17 @@ EVAL_TURN_CAPS = {"babyai": 20, "textcraft": 30, "sciworld": 30}
 
 
 def _scores(episodes) -> dict:
-    by_task: dict[int, list[float]] = {}
+    by_task: dict[int, list] = {}
     for e in episodes:
-        by_task.setdefault(e.task_id, []).append(e.score)
-    samples = [s for scores in by_task.values() for s in scores]
+        if e.status != "env_error":
+            by_task.setdefault(e.task_id, []).append(e)
+    samples = [e for eps in by_task.values() for e in eps]
+    n = max(1, len(samples))
     return {
         "tasks": len(by_task),
-        "avg": sum(samples) / len(samples),
-        "pass": sum(any(s > 0 for s in scores) for scores in by_task.values()) / len(by_task),
-        "success": sum(s > 0 for s in samples) / len(samples),
+        "avg": sum(e.score for e in samples) / n,
+        "pass": sum(any(e.score > 0 for e in eps) for eps in by_task.values()) / max(1, len(by_task)),
+        "success": sum(e.success for e in samples) / n,
     }
 
 
@@ -98,23 +102,22 @@ def evaluate(cfg, model_dir: str, n: int, split: str, limit: int | None, max_tur
     import ray
     from transformers import AutoTokenizer
 
-    from agentgym_mega.rollout.engines import SamplingConfig
     from agentgym_mega.rollout.engines.vllm_engine import VLLMEngine
-    from agentgym_mega.rollout.env_client import EnvClient, start_servers
+    from agentgym_mega.cluster import env_servers
+    from agentgym_mega.rollout.env_client import EnvClient
     from agentgym_mega.rollout.manager import RolloutManager
     from agentgym_mega.rollout.tasks import select_tasks
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
-    servers, urls = ([], list(cfg.env.server_urls)) if cfg.env.server_urls else start_servers(cfg.env.name, cfg.env.workers)
-    env = EnvClient(urls)
+    servers, urls, secret = env_servers(cfg)
+    env = EnvClient(urls, secret=secret)
     engine = None
     try:
         tasks = select_tasks(env.tasks(), split, None, cfg.env.categories)[:limit]
-        engine = VLLMEngine(model_dir, max_model_len=cfg.rollout.max_model_len, seed=cfg.trainer.seed)
-        sampling = SamplingConfig(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens_per_turn)
-        manager = RolloutManager([engine], env, AutoTokenizer.from_pretrained(model_dir), sampling,
-                                 cfg.rollout.max_model_len)
+        engine = VLLMEngine(model_dir, dtype=cfg.rollout.dtype, max_model_len=cfg.rollout.max_model_len,
+                            seed=cfg.trainer.seed)
+        manager = RolloutManager.from_config(cfg, [engine], env, AutoTokenizer.from_pretrained(model_dir))
         batch = manager.collect(tasks, n, turn_cap(cfg.env.name, max_turns))
     finally:
         if engine is not None:

@@ -9,16 +9,19 @@ from contextlib import contextmanager
 
 
 def episode_metrics(batch) -> dict:
-    """Reward, success, turns, lengths and how episodes ended, over a rollout batch."""
+    """Reward, success, turns, lengths and how episodes ended, over a rollout batch. Reward,
+    success and group spread cover only the episodes that did not end on an env error (those
+    are counted in `episode/env_errors`, and trained on by nobody)."""
     episodes = batch.episodes
-    n = max(1, len(episodes))
+    valid = [e for e in episodes if e.status != "env_error"]
+    n, n_valid = max(1, len(episodes)), max(1, len(valid))
     count = lambda status: sum(e.status == status for e in episodes)  # noqa: E731
     groups: dict[int, list[float]] = {}
-    for e in episodes:
+    for e in valid:
         groups.setdefault(e.group_id, []).append(e.score)
     return {
-        "reward/mean": sum(e.score for e in episodes) / n,
-        "reward/success_rate": sum(e.score > 0 for e in episodes) / n,
+        "reward/mean": sum(e.score for e in valid) / n_valid,
+        "reward/success_rate": sum(e.success for e in valid) / n_valid,
         # GRPO and RLOO learn only from tasks whose samples scored differently
         "reward/groups_with_spread": sum(max(g) > min(g) for g in groups.values()) / max(1, len(groups)),
         "episode/turns_mean": sum(e.turns for e in episodes) / n,

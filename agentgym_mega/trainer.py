@@ -6,23 +6,28 @@ rollout -> old/ref log-probs -> values -> advantages -> updates -> weight sync -
 from __future__ import annotations
 
 import os
+import statistics
 
 from tqdm import tqdm
 
-from agentgym_mega.algorithms import compute_advantages, horizon_cap
+from agentgym_mega.algorithms import compute_advantages, horizon_cap, kl_penalty, masked_mean
 from agentgym_mega.cluster import Stack
 from agentgym_mega.evaluation import Evaluator
 from agentgym_mega.metrics import MetricsLogger, Timer, episode_metrics, plot_rewards
-from agentgym_mega.rollout.engines import SamplingConfig
 from agentgym_mega.rollout.manager import RolloutManager
 from agentgym_mega.rollout.tasks import TaskSampler, select_tasks
 
 
 def _update(stack: Stack, batch, cfg) -> dict:
-    """PPO epochs over mini-batches of whole task groups; one optimizer step per mini-batch."""
+    """PPO epochs over mini-batches of whole task groups; one optimizer step per mini-batch.
+    Metrics are means over the step's updates; with several epochs, each loss also as its mean
+    over the first and over the last pass (`*/loss_first_epoch`, `*/loss_last_epoch`: the same
+    data, so their gap is how much the step fitted it)."""
     per_mini = cfg.trainer.mini_batch_size * cfg.rollout.n_per_task
-    metrics: dict[str, list[float]] = {}
+    epochs: list[dict[str, list[float]]] = []  # per epoch, each metric's value at each update
     for _ in range(cfg.trainer.ppo_epochs):
+        epoch: dict[str, list[float]] = {}
+        epochs.append(epoch)
         for mini in batch.split(len(batch) // per_mini):
             fields = {"input_ids": mini.input_ids, "loss_mask": mini.loss_mask,
                       "old_logprobs": mini.old_logprobs, "advantages": mini.advantages}
@@ -34,8 +39,13 @@ def _update(stack: Stack, batch, cfg) -> dict:
                                  "old_values": mini.values, "returns": mini.returns}
                 out |= {f"critic/{k}": v for k, v in stack.critic.call("update_values", critic_fields).items()}
             for key, value in out.items():
-                metrics.setdefault(key, []).append(value)
-    return {key: sum(values) / len(values) for key, values in metrics.items()}
+                epoch.setdefault(key, []).append(value)
+    means = {key: statistics.fmean(v for e in epochs for v in e[key]) for key in epochs[0]}
+    if len(epochs) > 1:
+        for key in [k for k in means if k.endswith("/loss")]:
+            means[f"{key}_first_epoch"] = statistics.fmean(epochs[0][key])
+            means[f"{key}_last_epoch"] = statistics.fmean(epochs[-1][key])
+    return means
 
 
 def _save(stack: Stack, cfg, step: int, sampler: TaskSampler) -> None:
@@ -64,8 +74,7 @@ def train(cfg, resume: bool = False) -> dict:
         if resume:  # the engines started from the HF weights: give them the checkpoint's
             stack.actor.call("sync_weights", stack.engines, start - 1)
         sampler = TaskSampler(stack.tasks, cfg.trainer.seed, position)
-        sampling = SamplingConfig(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens_per_turn)
-        manager = RolloutManager(stack.engines, stack.env, stack.tokenizer, sampling, cfg.rollout.max_model_len)
+        manager = RolloutManager.from_config(cfg, stack.engines, stack.env, stack.tokenizer)
         logger = MetricsLogger(cfg.trainer.output_dir, cfg.logging)
         evaluate = _evaluator(stack, manager, cfg)
         if evaluate and cfg.eval.at_start and start == 1:
@@ -78,7 +87,8 @@ def train(cfg, resume: bool = False) -> dict:
             timer = Timer()
             cap = horizon_cap(step, cfg.horizon)
             with timer("rollout"):
-                batch = manager.collect(sampler.next(cfg.trainer.batch_size), cfg.rollout.n_per_task, cap)
+                batch = manager.collect(sampler.next(cfg.trainer.batch_size), cfg.rollout.n_per_task, cap,
+                                        seed=(cfg.trainer.seed, step) if cfg.rollout.seeded else None)
             stack.call_engines("sleep")
             with timer("logprob"):
                 batch.old_logprobs = stack.actor.call("logprobs", batch.input_ids, temperature)["logprobs"]
@@ -96,7 +106,7 @@ def train(cfg, resume: bool = False) -> dict:
             tokens = int(batch.attention_mask.sum())
             metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | manager.timings
                        | {"horizon/cap": cap, "perf/tokens_per_s": tokens / sum(timer.seconds.values()),
-                          "rollout/logprob_diff": _logprob_gap(batch)})
+                          "rollout/logprob_diff": _logprob_gap(batch)} | _ref_kl(batch, cfg))
             if evaluate and cfg.eval.freq and (step % cfg.eval.freq == 0 or step == cfg.trainer.total_steps):
                 metrics |= _evaluated(evaluate, step)
             logger.log(step, metrics)
@@ -127,6 +137,15 @@ def _evaluated(evaluate: Evaluator, step: int) -> dict:
     metrics, table = evaluate(step)
     tqdm.write(f"eval at step {step}:\n{table}")
     return metrics
+
+
+def _ref_kl(batch, cfg) -> dict:
+    """Mean per-token KL estimate between the policy that sampled and the reference, on trained
+    tokens (0 at step 1, when both are the starting weights); {} without a reference."""
+    if batch.ref_logprobs is None:
+        return {}
+    kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.algorithm.kl_type)
+    return {"actor/ref_kl": float(masked_mean(kl, batch.loss_mask))}
 
 
 def _logprob_gap(batch) -> float:

@@ -24,11 +24,11 @@ def run(model: str | None, prompts: int, prompt_len: int, max_tokens: int, round
         engine = VLLMEngine(model, max_model_len=prompt_len + max_tokens + 8)
         vocab = engine.llm.get_tokenizer().vocab_size
         requests = [[(7 * i + 13 * j) % (vocab - 3) + 3 for j in range(prompt_len)] for i in range(prompts)]
-        sampling = SamplingConfig(temperature=1.0, max_tokens=max_tokens, seed=0)
+        sampling = SamplingConfig(temperature=1.0, max_tokens=max_tokens)
         direct_params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0, logprobs=0)
 
         def wrapper() -> int:
-            return sum(len(g.token_ids) for g in engine.generate(requests, sampling))
+            return sum(len(g.token_ids) for g in engine.generate(requests, sampling, [0] * len(requests)))
 
         def direct() -> int:
             outs = engine.llm.generate([{"prompt_token_ids": r} for r in requests], direct_params, use_tqdm=False)

@@ -19,7 +19,8 @@ class Episode:
     task_id: int
     category: str
     group_id: int
-    score: float
+    score: float  # the environment's episode score on [0, 1] (envs.server: episode_score)
+    success: bool  # what the environment calls success (envs.server: success)
     turns: int
     status: str  # one of EPISODE_STATUSES
     response_tokens: int  # tokens the policy generated (the loss-masked ones)
@@ -41,6 +42,11 @@ class TrajectoryBatch:
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """[B] bool: episodes that say something about the policy (not ended by an env error)."""
+        return torch.tensor([e.status != "env_error" for e in self.episodes], dtype=torch.bool)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -8,6 +8,7 @@ only the observation turns in between are tokenised here, with the model's own c
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,16 +24,26 @@ class Task:
     category: str = ""
 
 
+def request_seed(seed: tuple[int, ...], episode: int, turn: int) -> int:
+    """The sampling seed of one request: a hash of the collect's seed, the episode's position in
+    it and the turn, so every sample draws its own stream and a repeated collect (a resumed run)
+    draws the same ones whatever the engine sampled before."""
+    digest = hashlib.blake2b(repr((tuple(seed), episode, turn)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+
+
 @dataclasses.dataclass
 class _Live:
     task: Task
     group_id: int
     engine: int
+    index: int  # position in its collect()
     ids: list[int] = dataclasses.field(default_factory=list)
     mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     turns: int = 0
     score: float = 0.0
+    success: bool = False
     status: str | None = None  # set when the episode ends
     error: str | None = None
 
@@ -86,7 +97,24 @@ class ChatTurns:
         return self._encode(close + probe[len(self._closed_probe):])
 
 
+def instruction_for(env_cfg) -> str | None:
+    """The text opening every episode: `env.instruction` when set ("" for none), else the
+    environment's own."""
+    if env_cfg.instruction is not None:
+        return env_cfg.instruction or None
+    import envs
+
+    return envs.instruction(env_cfg.name)
+
+
 class RolloutManager:
+    @classmethod
+    def from_config(cls, cfg, engines: list, env, tokenizer) -> "RolloutManager":
+        """The manager a run's config describes: its sampling, context limit and instruction
+        (training and evaluation build theirs here, so both see the same episodes)."""
+        sampling = SamplingConfig(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens_per_turn)
+        return cls(engines, env, tokenizer, sampling, cfg.rollout.max_model_len, instruction_for(cfg.env))
+
     def __init__(self, engines: list, env, tokenizer, sampling: SamplingConfig, max_model_len: int,
                  instruction: str | None = None):
         if not engines:
@@ -99,12 +127,17 @@ class RolloutManager:
         self.sampling = dataclasses.replace(sampling, stop_token_ids=stop)
         self.max_model_len = max_model_len
         self._pool = ThreadPoolExecutor(len(engines))
+        self._seed: tuple[int, ...] | None = None  # of the collect() running
         self.timings: dict[str, float] = {}  # seconds per phase of the last collect()
 
-    def collect(self, tasks: list[Task], n_per_task: int, max_turns: int) -> TrajectoryBatch:
-        """Runs `n_per_task` episodes of every task, each capped at `max_turns` assistant turns."""
+    def collect(self, tasks: list[Task], n_per_task: int, max_turns: int,
+                seed: tuple[int, ...] | None = None) -> TrajectoryBatch:
+        """Runs `n_per_task` episodes of every task, each capped at `max_turns` assistant turns.
+        With a `seed` (e.g. (trainer seed, step)) every request is sampled with its own
+        :func:`request_seed`: the same weights then give the same episodes."""
         self.timings = {"time/generate_s": 0.0, "time/env_s": 0.0}
-        live = [_Live(task, group, i % len(self.engines))
+        self._seed = seed
+        live = [_Live(task, group, i % len(self.engines), i)
                 for i, (group, task) in enumerate((g, t) for g, t in enumerate(tasks) for _ in range(n_per_task))]
         handles = self.env.create(len(live))
         try:
@@ -134,7 +167,9 @@ class RolloutManager:
             room = min(self.max_model_len - len(episodes[p].ids) for p in positions)
             sampling = dataclasses.replace(self.sampling, max_tokens=min(self.sampling.max_tokens, room))
             prompts = [episodes[p].ids for p in positions]
-            waits.append((positions, call_async(self._pool, self.engines[engine], "generate", prompts, sampling)))
+            seeds = (None if self._seed is None else
+                     [request_seed(self._seed, episodes[p].index, episodes[p].turns) for p in positions])
+            waits.append((positions, call_async(self._pool, self.engines[engine], "generate", prompts, sampling, seeds)))
         out = [None] * len(episodes)
         for positions, wait in waits:
             for p, generation in zip(positions, wait()):
@@ -166,7 +201,9 @@ class RolloutManager:
             if "error" in result:
                 ep.status, ep.error = "env_error", result["error"]
                 continue
-            ep.score = float(result["reward"])  # the score is the last step's reward, as in AgentGym
+            # The server's episode score on [0, 1] and its own success verdict (a SciWorld step's
+            # reward is only the score's change).
+            ep.score, ep.success = float(result["episode_score"]), bool(result["success"])
             if result["done"] or last:
                 ep.status = "done" if result["done"] else "horizon"
                 continue
@@ -191,8 +228,8 @@ class RolloutManager:
             trained = torch.tensor(ep.mask).nonzero()
             if len(trained):
                 rewards[row, trained[-1, 0]] = ep.score  # terminal reward on the last assistant token
-        episodes = [Episode(ep.task.id, ep.task.category, ep.group_id, ep.score, ep.turns, ep.status,
-                            sum(ep.mask), ep.error) for ep in live]
+        episodes = [Episode(ep.task.id, ep.task.category, ep.group_id, ep.score, ep.success, ep.turns,
+                            ep.status, sum(ep.mask), ep.error) for ep in live]
         return TrajectoryBatch(
             input_ids=ids, attention_mask=attention, loss_mask=mask, rollout_logprobs=logprobs,
             rewards=rewards, group_ids=torch.tensor([ep.group_id for ep in live]),

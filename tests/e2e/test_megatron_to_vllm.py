@@ -51,12 +51,12 @@ def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
         "weight_sync.bucket_mb=1", "weight_sync.transport=tcp",  # the other tests sync over ipc://
     ])
     prompts = [[1, 5, 9, 20, 33, 7], [1, 7, 7, 7], [1, 300, 12, 40], [1, 2, 3, 4, 5]]
-    sampling = SamplingConfig(temperature=1.0, max_tokens=12, seed=3)
+    sampling = SamplingConfig(temperature=1.0, max_tokens=12)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         group = TrainerGroup(cfg, tiny_qwen2)
         engine = launch_remote(tiny_qwen2, max_model_len=256)
-        before = ray.get(engine.generate.remote(prompts, sampling))
+        before = ray.get(engine.generate.remote(prompts, sampling, [3] * len(prompts)))
         ids, mask = sequences(prompts, before)
         # Three PPO steps that push up the sampled tokens (advantage +1 on every one).
         for _ in range(3):
@@ -80,7 +80,7 @@ def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
         assert stats.version == 1 and stats.buckets > 1
         assert ray.get(engine.health.remote())["version"] == 1
 
-        after = ray.get(engine.generate.remote(prompts, sampling))
+        after = ray.get(engine.generate.remote(prompts, sampling, [3] * len(prompts)))
         ids, mask = sequences(prompts, after)
         megatron = group.call("logprobs", ids, 1.0)["logprobs"][mask.bool()]
         vllm = torch.tensor([lp for g in after for lp in g.logprobs])

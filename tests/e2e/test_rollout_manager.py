@@ -33,7 +33,7 @@ def stack(tmp_path_factory):
 
 
 def manager(stack, max_tokens=16, max_model_len=2048):
-    sampling = SamplingConfig(temperature=1.0, max_tokens=max_tokens, seed=0)
+    sampling = SamplingConfig(temperature=1.0, max_tokens=max_tokens)
     return RolloutManager([stack["engine"]], stack["env"], stack["tokenizer"], sampling, max_model_len)
 
 
@@ -95,3 +95,45 @@ def test_a_killed_env_server_ends_only_its_episodes(stack):
     assert all(e.status == "env_error" and "unavailable" in e.error for e in dead)
     assert all(e.status in ("done", "horizon") for e in alive)
     assert torch.all(batch.loss_mask[1::2] == 0) and torch.all(batch.loss_mask[0::2].sum(-1) > 0)
+
+
+def test_config_instruction_opens_episodes_and_seeds_repeat_them(stack):
+    import envs
+    from agentgym_mega.config import load_config
+    from agentgym_mega.rollout.env_client import EnvClient
+
+    env = EnvClient(stack["urls"][:1])  # server 0: the test above kills server 1
+
+    cfg = load_config(None, ["env.name=textcraft", "rollout.max_tokens_per_turn=16", "rollout.max_model_len=2048"])
+    managed = RolloutManager.from_config(cfg, [stack["engine"]], env, stack["tokenizer"])
+    tasks = [Task(3), Task(130)]
+    first = managed.collect(tasks, n_per_task=2, max_turns=2, seed=(0, 1))
+    for row in range(len(first)):
+        user_turn = stack["tokenizer"].decode(first.input_ids[row]).split("<|im_end|>")[0]
+        assert envs.instruction("textcraft") in user_turn  # the environment's own instruction
+    again = managed.collect(tasks, n_per_task=2, max_turns=2, seed=(0, 1))
+    assert torch.equal(first.input_ids, again.input_ids)  # the same seed samples the same episodes
+    # ... while samples of one task still differ: every request has its own seed
+    replies = [tuple(first.input_ids[r][first.loss_mask[r].bool()].tolist()) for r in range(len(first))]
+    assert replies[0] != replies[1] and replies[2] != replies[3]
+    other = managed.collect(tasks, n_per_task=2, max_turns=2, seed=(0, 2))
+    assert not torch.equal(first.input_ids[:, :other.input_ids.shape[1]], other.input_ids[:, :first.input_ids.shape[1]])
+
+    cfg = load_config(None, ["env.name=textcraft", "env.instruction=Be brief."])
+    managed = RolloutManager.from_config(cfg, [stack["engine"]], env, stack["tokenizer"])
+    text = stack["tokenizer"].decode(managed.collect([Task(3)], n_per_task=2, max_turns=1).input_ids[0])
+    assert "Be brief." in text and envs.instruction("textcraft") not in text
+
+
+def test_seeded_prompts_past_one_engine_step_sample_and_repeat(stack):
+    """32 different 400-token prompts are more than one engine step takes (4096 tokens): vLLM
+    would split one across steps, which for a seeded request on CPU killed the engine."""
+    import random
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 200) for _ in range(400)] for _ in range(32)]
+    sampling = SamplingConfig(temperature=1.0, max_tokens=4)
+    first = stack["engine"].generate(prompts, sampling, list(range(32)))
+    again = stack["engine"].generate(prompts, sampling, list(range(32)))
+    assert len(first) == 32 and all(g.token_ids for g in first)
+    assert [g.token_ids for g in first] == [g.token_ids for g in again]

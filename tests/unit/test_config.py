@@ -80,6 +80,10 @@ BAD = [
     (["parallel.world_size=2", "parallel.tp=1", "rollout.num_engines=3"],
      ["cluster.placement", "split, or rollout.num_engines * rollout.engine_tp (here 3) <= parallel.world_size=2"]),
     (["rollout.top_p=0"], ["rollout.top_p", "(0, 1]"]),
+    (["rollout.temperature=0"], ["rollout.temperature", "> 0", "greedy"]),
+    (["rollout.dtype=float16"], ["rollout.dtype", "'bfloat16'", "'float16'"]),
+    (["algorithm.kl_in=reward"], ["algorithm.kl_in", "estimator=grpo", "one number per episode", "kl_coef=0"]),
+    (["algorithm.estimator=rloo", "algorithm.kl_in=reward"], ["algorithm.kl_in", "estimator=rloo"]),
     (["algorithm.dual_clip=0.5"], ["algorithm.dual_clip", "> 1"]),
     (["env.categories=[]"], ["env.categories", "non-empty list"]),
     (["eval.n=0"], ["eval.n", "integer >= 1"]),
@@ -126,3 +130,21 @@ def test_cli_prints_the_resolved_config(tmp_path):
     assert resolved["trainer"]["total_steps"] == 7
     assert resolved["horizon"] == {"schedule": "fixed", "caps": [20], "interval": 100}
     assert resolved["env"]["name"] == "babyai"  # inherited through two includes
+
+
+def test_kl_in_reward_is_accepted_where_the_estimator_applies_it():
+    for estimator in ("gae", "reinforce_pp"):
+        assert load_config(None, [f"algorithm.estimator={estimator}", "algorithm.kl_in=reward"]).algorithm.kl_coef > 0
+    # without KL there is nothing to apply (and no reference model to run)
+    assert load_config(None, ["algorithm.kl_in=reward", "algorithm.kl_coef=0"]).algorithm.estimator == "grpo"
+
+
+def test_kl_in_reward_with_grpo_exits_2_through_the_cli():
+    result = run_cli("config", "--config", os.path.join(REPO, "configs", "base.yaml"), "algorithm.kl_in=reward")
+    assert result.returncode == 2 and "algorithm.kl_in" in result.stderr
+
+
+def test_engines_run_the_trainers_dtype_unless_told_otherwise():
+    assert load_config(None, ["model.dtype=float32"]).rollout.dtype == "float32"
+    assert load_config(None, ["model.dtype=bfloat16"]).rollout.dtype == "bfloat16"
+    assert load_config(None, ["model.dtype=float32", "rollout.dtype=bfloat16"]).rollout.dtype == "bfloat16"

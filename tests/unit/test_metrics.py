@@ -9,8 +9,9 @@ from agentgym_mega.rollout.batch import Episode
 
 
 def test_episode_metrics_count_outcomes_and_groups_with_spread():
-    episodes = [Episode(0, "a", 0, 1.0, 2, "done", 5), Episode(0, "a", 0, 0.0, 6, "horizon", 9),
-                Episode(1, "a", 1, 0.0, 6, "horizon", 9), Episode(1, "a", 1, 0.0, 1, "env_error", 0, "boom")]
+    # task 1's env error, had it counted, would be a sample scoring 1.0 (a spread) and a success
+    episodes = [Episode(0, "a", 0, 1.0, True, 2, "done", 5), Episode(0, "a", 0, 0.5, False, 6, "horizon", 9),
+                Episode(1, "a", 1, 0.0, False, 6, "horizon", 9), Episode(1, "a", 1, 1.0, True, 1, "env_error", 0, "boom")]
 
     class Batch:
         pass
@@ -18,8 +19,9 @@ def test_episode_metrics_count_outcomes_and_groups_with_spread():
     batch = Batch()
     batch.episodes, batch.group_ids = episodes, torch.tensor([0, 0, 1, 1])
     m = episode_metrics(batch)
-    assert m["reward/mean"] == 0.25 and m["reward/success_rate"] == 0.25
-    assert m["reward/groups_with_spread"] == 0.5  # task 0's samples differ, task 1's do not
+    # over the three episodes without an env error; success is the env's verdict, not score > 0
+    assert m["reward/mean"] == 0.5 and m["reward/success_rate"] == 1 / 3
+    assert m["reward/groups_with_spread"] == 0.5  # task 0's samples differ, task 1's valid one alone
     assert (m["episode/done"], m["episode/horizon"], m["episode/env_errors"]) == (1, 2, 1)
     assert m["episode/turns_mean"] == 15 / 4
 
