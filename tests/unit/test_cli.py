@@ -60,3 +60,15 @@ def test_layouts_parse_to_tp_pp_world():
 def test_a_missing_model_is_refused_before_anything_starts(args, message):
     result = run_cli(*args)
     assert result.returncode == 2 and message in result.stderr and "no config.json" in result.stderr
+
+
+def test_bench_learn_keeps_the_demo_schedule_in_proportion(tmp_path):
+    from agentgym_mega.bench.learn import DEMO_CONFIG, overrides
+    from agentgym_mega.config import load_config
+
+    demo = load_config(DEMO_CONFIG)
+    cfg = load_config(DEMO_CONFIG, overrides("gae", demo.trainer.total_steps // 2, str(tmp_path)))
+    assert cfg.algorithm.estimator == "gae" and cfg.trainer.total_steps == demo.trainer.total_steps // 2
+    assert cfg.horizon.interval == demo.horizon.interval // 2 and cfg.eval.freq == demo.eval.freq // 2
+    assert cfg.eval.at_start and cfg.trainer.output_dir == str(tmp_path)
+    assert cfg.horizon.caps == demo.horizon.caps and cfg.env.categories == demo.env.categories
