@@ -115,11 +115,11 @@ class TrainerRank:
         self.cfg = validate(cfg)
         platform.init_distributed(self.cfg.parallel.tp, self.cfg.parallel.pp, self.cfg.trainer.seed)
         if role == "critic":
-            from agentgym_mega.critic import MegatronCritic
+            from agentgym_mega.models.critic import MegatronCritic
 
             self.worker = MegatronCritic(hf_dir, self.cfg)
         else:
-            from agentgym_mega.actor import MegatronActor
+            from agentgym_mega.models.actor import MegatronActor
 
             self.worker = MegatronActor(hf_dir, self.cfg, trainable=role == "actor")
         self.synchronizer = None

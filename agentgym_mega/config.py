@@ -18,6 +18,8 @@ import yaml
 from pydantic import ConfigDict, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
+from agentgym_mega.errors import BadInput
+
 # Unknown keys are errors; ints and bools are not coerced into each other (True is no tp size).
 _SCHEMA = ConfigDict(extra="forbid")
 section = dataclass(config=_SCHEMA)
@@ -315,7 +317,7 @@ class Config:
         )
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput):
     """A configuration that cannot run; the message names the key, the value and what is allowed."""
 
 

@@ -42,7 +42,7 @@ def _config(tp: int, pp: int, hf_config):
 
 
 def _actor(hf_dir: str, tp: int, pp: int, load_weights: bool = True):
-    from agentgym_mega.actor import MegatronActor
+    from agentgym_mega.models.actor import MegatronActor
     from agentgym_mega.models import gpt
 
     return MegatronActor(hf_dir, _config(tp, pp, gpt.load_hf_config(hf_dir)), trainable=False,

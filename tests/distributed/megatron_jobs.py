@@ -10,9 +10,9 @@ import sys
 import torch
 
 from agentgym_mega import platform
-from agentgym_mega.actor import MegatronActor
+from agentgym_mega.models.actor import MegatronActor
 from agentgym_mega.config import validate
-from agentgym_mega.critic import MegatronCritic
+from agentgym_mega.models.critic import MegatronCritic
 from agentgym_mega.models.weights import unwrap
 from agentgym_mega.network import free_port
 

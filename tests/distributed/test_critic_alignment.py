@@ -17,7 +17,7 @@ def critic_job(hf_dir: str, ids: torch.Tensor) -> dict:
     """One rank: a critic whose value head is set to fixed random weights, its values of `ids`."""
     from agentgym_mega import platform
     from agentgym_mega.config import validate
-    from agentgym_mega.critic import MegatronCritic
+    from agentgym_mega.models.critic import MegatronCritic
     from agentgym_mega.models.weights import unwrap
 
     platform.init_distributed(tp=1, pp=1, seed=0)
