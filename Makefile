@@ -34,7 +34,9 @@ demo: install runs/demo/base/config.json
 runs/demo/base/config.json: | install
 	$(VENV)/bin/agentgym-mega pretrain-tiny --env babyai --categories $(DEMO_LEVELS) --out runs/demo/base
 
+# The linter first (ruff.toml: line length, import order, unused names): it takes a second.
 test: install
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 clean:

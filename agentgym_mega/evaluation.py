@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 
-# Evaluation turn caps of the AgentGym-RL paper per environment.
-EVAL_TURN_CAPS = {"babyai": 20, "textcraft": 30, "sciworld": 30}
+import envs
 
 
 def _scores(episodes) -> dict:
@@ -54,10 +51,6 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def turn_cap(env_name: str, max_turns: int | None) -> int:
-    return max_turns or EVAL_TURN_CAPS[env_name]
-
-
 class Evaluator:
     """Evaluation inside a training run, through its rollout manager (so on the weights the
     engines serve now): writes ``eval/step_N.json`` and returns ``eval/...`` metrics."""
@@ -66,7 +59,7 @@ class Evaluator:
         if not tasks:
             raise ValueError(f"no {cfg.eval.split} tasks to evaluate on (check env.categories and eval.limit)")
         self.manager, self.tasks, self.n = manager, tasks, cfg.eval.n
-        self.max_turns = turn_cap(cfg.env.name, cfg.eval.max_turns)
+        self.max_turns = cfg.eval.max_turns or envs.eval_max_turns(cfg.env.name)
         self.out = os.path.join(cfg.trainer.output_dir, "eval")
         self.history: list[tuple[int, float]] = []  # (step, success rate) of each evaluation
 
@@ -89,50 +82,28 @@ class Evaluator:
                 f"{first:.3f} at step {first_step} -> {last:.3f} at step {last_step} ({last - first:+.3f})")
 
 
-def export_checkpoint(ckpt: str, out: str) -> str:
-    """A megatron checkpoint as an HF directory vLLM can load (checkpoint_tools' export)."""
-    result = subprocess.run([sys.executable, "-m", "checkpoint_tools.convert", "export", "--ckpt", ckpt,
-                             "--out", out], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"exporting {ckpt} failed: {result.stderr.strip()[-500:]}")
-    return out
-
-
 def evaluate(cfg, model_dir: str, n: int, split: str, limit: int | None, max_turns: int | None) -> dict:
-    import ray
-    from transformers import AutoTokenizer
-
-    from agentgym_mega.rollout.engines.vllm_engine import VLLMEngine
-    from agentgym_mega.cluster import env_servers
-    from agentgym_mega.rollout.env_client import EnvClient
-    from agentgym_mega.rollout.manager import RolloutManager
+    """Avg@n, Pass@n and success of the HF model in `model_dir` on `split` (its first `limit`
+    tasks, `max_turns` or the environment's evaluation limit), through the run's env servers and
+    engines."""
     from agentgym_mega.rollout.tasks import select_tasks
+    from agentgym_mega.stack import Stack
 
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
-    servers, urls, secret = env_servers(cfg)
-    env = EnvClient(urls, secret=secret)
-    engine = None
-    try:
-        tasks = select_tasks(env.tasks(), split, None, cfg.env.categories)[:limit]
-        engine = VLLMEngine(model_dir, dtype=cfg.rollout.dtype, max_model_len=cfg.rollout.max_model_len,
-                            seed=cfg.trainer.seed)
-        manager = RolloutManager.from_config(cfg, [engine], env, AutoTokenizer.from_pretrained(model_dir))
-        batch = manager.collect(tasks, n, turn_cap(cfg.env.name, max_turns))
-    finally:
-        if engine is not None:
-            engine.shutdown()
-        env.shutdown()
-        for server in servers:
-            ray.kill(server)
+    max_turns = max_turns or envs.eval_max_turns(cfg.env.name)
+    with Stack.start(cfg, trainers=False, engine_model=model_dir) as stack:
+        tasks = select_tasks(stack.env.tasks(), split, None, cfg.env.categories)[:limit]
+        batch = stack.rollout.collect(tasks, n, max_turns)
     report = summarize(batch.episodes, n)
-    report.update(env=cfg.env.name, split=split, model=model_dir, max_turns=turn_cap(cfg.env.name, max_turns))
+    report.update(env=cfg.env.name, split=split, model=model_dir, max_turns=max_turns)
     return report
 
 
 def run(cfg, hf: str | None, ckpt: str | None, n: int, split: str, limit: int | None,
         max_turns: int | None) -> dict:
+    """`agentgym-mega eval`: an HF directory as it is, a megatron checkpoint exported first."""
     if hf:
         return evaluate(cfg, hf, n, split, limit, max_turns)
+    from agentgym_mega.models.conversion import export_hf
+
     with tempfile.TemporaryDirectory() as tmp:
-        return evaluate(cfg, export_checkpoint(ckpt, os.path.join(tmp, "hf")), n, split, limit, max_turns)
+        return evaluate(cfg, export_hf(ckpt, os.path.join(tmp, "hf")), n, split, limit, max_turns)

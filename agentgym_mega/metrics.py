@@ -33,6 +33,14 @@ def episode_metrics(batch) -> dict:
     }
 
 
+def sync_metrics(stats) -> dict:
+    """A weight sync's transfer (weight_sync.SyncStats): payload, rate per receiver, and where the
+    time went (producing the tensors on the trainer: the TP/PP gather; the slowest engine's
+    in-place load after the last byte)."""
+    return {"sync/bytes": stats.bytes, "sync/buckets": stats.buckets, "sync/gbps": stats.gbps,
+            "sync/gather_s": stats.source_seconds, "sync/engine_load_s": stats.load_seconds}
+
+
 class Timer:
     """Wall-clock seconds per phase of a step: `with timer("generate"): ...`."""
 
@@ -103,11 +111,11 @@ def plot_rewards(output_dir: str, title: str = "", window: int = 10) -> str:
     evals = sorted(s for s, r in records.items() if "eval/success" in r)
     if evals:
         ax.plot(evals, [records[s]["eval/success"] for s in evals], "o--", color="tab:red", label="held-out success")
-    caps = [(s, records[s].get("horizon/cap")) for s in steps]
+    caps = [(s, records[s].get("horizon/turn_cap")) for s in steps]
     for (_, before), (step, cap) in zip(caps, caps[1:]):
         if cap != before:
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
-            ax.text(step, 1.02, f"cap {cap}", fontsize=8, color="grey")
+            ax.text(step, 1.02, f"turn cap {cap}", fontsize=8, color="grey")
     ax.set(xlabel="step", ylabel="score", ylim=(0, 1.08), title=title or os.path.abspath(output_dir))
     ax.legend(loc="lower right", fontsize=8)
     path = os.path.join(output_dir, "reward_curve.png")

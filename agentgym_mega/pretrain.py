@@ -137,7 +137,8 @@ def pretrain(out: str, spec: TinySpec, cfg: PretrainConfig, log=print) -> dict:
                 log(f"epoch {epoch + 1} step {step}/{steps} loss {sum(losses[-50:]) / len(losses[-50:]):.4f} "
                     f"{time.perf_counter() - start:.0f}s")
     model.eval()
-    summary = {"episodes": len(transcripts), "random_play_success": success, "tokens_per_episode": tokens / len(examples),
+    summary = {"episodes": len(transcripts), "random_play_success": success,
+               "tokens_per_episode": tokens / len(examples),
                "steps": steps, "initial_loss": losses[0], "final_loss": sum(losses[-50:]) / len(losses[-50:]),
                "seconds": time.perf_counter() - start}
     record = summary | {"config": dataclasses.asdict(cfg), "spec": dataclasses.asdict(spec)}

@@ -10,12 +10,11 @@ import statistics
 
 from tqdm import tqdm
 
-from agentgym_mega.algorithms import compute_advantages, horizon_cap, kl_penalty, masked_mean
-from agentgym_mega.cluster import Stack
+from agentgym_mega import algorithms
 from agentgym_mega.evaluation import Evaluator
-from agentgym_mega.metrics import MetricsLogger, Timer, episode_metrics, plot_rewards
-from agentgym_mega.rollout.manager import RolloutManager
+from agentgym_mega.metrics import MetricsLogger, Timer, episode_metrics, plot_rewards, sync_metrics
 from agentgym_mega.rollout.tasks import TaskSampler, select_tasks
+from agentgym_mega.stack import Stack
 
 
 def _update(stack: Stack, batch, cfg) -> dict:
@@ -33,11 +32,11 @@ def _update(stack: Stack, batch, cfg) -> dict:
                       "old_logprobs": mini.old_logprobs, "advantages": mini.advantages}
             if mini.ref_logprobs is not None:
                 fields["ref_logprobs"] = mini.ref_logprobs
-            out = {f"actor/{k}": v for k, v in stack.actor.call("update_policy", fields, cfg.rollout.temperature).items()}
+            out = {f"actor/{k}": v for k, v in stack.actor.update(fields, cfg.rollout.temperature).items()}
             if stack.critic is not None:
                 critic_fields = {"input_ids": mini.input_ids, "loss_mask": mini.loss_mask,
                                  "old_values": mini.values, "returns": mini.returns}
-                out |= {f"critic/{k}": v for k, v in stack.critic.call("update_values", critic_fields).items()}
+                out |= {f"critic/{k}": v for k, v in stack.critic.update(critic_fields).items()}
             for key, value in out.items():
                 epoch.setdefault(key, []).append(value)
     means = {key: statistics.fmean(v for e in epochs for v in e[key]) for key in epochs[0]}
@@ -51,32 +50,30 @@ def _update(stack: Stack, batch, cfg) -> dict:
 def _save(stack: Stack, cfg, step: int, sampler: TaskSampler) -> None:
     state = {"sampler_position": sampler.position}
     root = os.path.join(cfg.trainer.output_dir, "checkpoints")
-    stack.actor.call("save_checkpoint", os.path.join(root, "actor"), step, state)
+    stack.actor.save_checkpoint(os.path.join(root, "actor"), step, state)
     if stack.critic is not None:
-        stack.critic.call("save_checkpoint", os.path.join(root, "critic"), step, state)
+        stack.critic.save_checkpoint(os.path.join(root, "critic"), step, state)
 
 
 def _resume(stack: Stack, cfg) -> tuple[int, int]:
     """Loads the latest checkpoint; returns (next step, sampler position)."""
     root = os.path.join(cfg.trainer.output_dir, "checkpoints")
-    state = stack.actor.call("load_checkpoint", os.path.join(root, "actor"))
+    state = stack.actor.load_checkpoint(os.path.join(root, "actor"))
     if stack.critic is not None:
-        stack.critic.call("load_checkpoint", os.path.join(root, "critic"))
+        stack.critic.load_checkpoint(os.path.join(root, "critic"))
     return state["global_step"] + 1, state["sampler_position"]
 
 
 def train(cfg, resume: bool = False) -> dict:
     """Runs cfg.trainer.total_steps steps (from the latest checkpoint with `resume`); returns the
     last step's metrics."""
-    stack = Stack(cfg)
-    try:
+    with Stack.start(cfg) as stack:
         start, position = _resume(stack, cfg) if resume else (1, 0)
         if resume:  # the engines started from the HF weights: give them the checkpoint's
-            stack.actor.call("sync_weights", stack.engines, start - 1)
+            stack.actor.sync_weights(stack.engines, start - 1)
         sampler = TaskSampler(stack.tasks, cfg.trainer.seed, position)
-        manager = RolloutManager.from_config(cfg, stack.engines, stack.env, stack.tokenizer)
         logger = MetricsLogger(cfg.trainer.output_dir, cfg.logging)
-        evaluate = _evaluator(stack, manager, cfg)
+        evaluate = _evaluator(stack, cfg)
         if evaluate and cfg.eval.at_start and start == 1:
             logger.log(0, _evaluated(evaluate, 0))
         metrics: dict = {}
@@ -85,34 +82,36 @@ def train(cfg, resume: bool = False) -> dict:
         temperature = cfg.rollout.temperature
         for step in bar:
             timer = Timer()
-            cap = horizon_cap(step, cfg.horizon)
+            turn_cap = algorithms.turn_cap(step, cfg.horizon)
             with timer("rollout"):
-                batch = manager.collect(sampler.next(cfg.trainer.batch_size), cfg.rollout.n_per_task, cap,
-                                        seed=(cfg.trainer.seed, step) if cfg.rollout.seeded else None)
-            stack.call_engines("sleep")
+                batch = stack.rollout.collect(sampler.next(cfg.trainer.batch_size), cfg.rollout.n_per_task, turn_cap,
+                                              seed=(cfg.trainer.seed, step) if cfg.rollout.seeded else None)
+            stack.engines_sleep()
             with timer("logprob"):
-                batch.old_logprobs = stack.actor.call("logprobs", batch.input_ids, temperature)["logprobs"]
+                batch.old_logprobs = stack.actor.logprobs(batch.input_ids, temperature)
                 if stack.ref is not None:
-                    batch.ref_logprobs = stack.ref.call("logprobs", batch.input_ids, temperature)["logprobs"]
+                    batch.ref_logprobs = stack.ref.logprobs(batch.input_ids, temperature)
             if stack.critic is not None:
                 with timer("values"):
-                    batch.values = stack.critic.call("values", batch.input_ids)
-            compute_advantages(batch, cfg.algorithm)
+                    batch.values = stack.critic.values(batch.input_ids)
+            algorithms.compute_advantages(batch, cfg.algorithm)
             with timer("train"):
                 train_metrics = _update(stack, batch, cfg)
-            stack.call_engines("wake")
+            stack.engines_wake()
             with timer("sync"):
-                stack.actor.call("sync_weights", stack.engines, step)
+                synced = stack.actor.sync_weights(stack.engines, step)
             tokens = int(batch.attention_mask.sum())
-            metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | manager.timings
-                       | {"horizon/cap": cap, "perf/tokens_per_s": tokens / sum(timer.seconds.values()),
+            metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | stack.rollout.timings
+                       | sync_metrics(synced)
+                       | {"horizon/turn_cap": turn_cap, "perf/tokens_per_s": tokens / sum(timer.seconds.values()),
                           "rollout/logprob_diff": _logprob_gap(batch)} | _ref_kl(batch, cfg))
             if evaluate and cfg.eval.freq and (step % cfg.eval.freq == 0 or step == cfg.trainer.total_steps):
                 metrics |= _evaluated(evaluate, step)
             logger.log(step, metrics)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", cap=cap)
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", turn_cap=turn_cap)
             tqdm.write(f"step {step}: reward {metrics['reward/mean']:.3f} success "
-                       f"{metrics['reward/success_rate']:.2f} turns {metrics['episode/turns_mean']:.1f} cap {cap}")
+                       f"{metrics['reward/success_rate']:.2f} turns {metrics['episode/turns_mean']:.1f} "
+                       f"turn cap {turn_cap}")
             if step == cfg.trainer.total_steps or (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0):
                 _save(stack, cfg, step, sampler)
         logger.close()
@@ -122,15 +121,13 @@ def train(cfg, resume: bool = False) -> dict:
             title = f"{cfg.logging.experiment}: {cfg.env.name} {', '.join(cfg.env.categories or [])}"
             tqdm.write(f"reward curve: {plot_rewards(cfg.trainer.output_dir, title)}")
         return metrics
-    finally:
-        stack.shutdown()
 
 
-def _evaluator(stack: Stack, manager: RolloutManager, cfg) -> Evaluator | None:
+def _evaluator(stack: Stack, cfg) -> Evaluator | None:
     if not (cfg.eval.freq or cfg.eval.at_start):
         return None
     tasks = select_tasks(stack.env.tasks(), cfg.eval.split, None, cfg.env.categories)[: cfg.eval.limit]
-    return Evaluator(manager, tasks, cfg)
+    return Evaluator(stack.rollout, tasks, cfg)
 
 
 def _evaluated(evaluate: Evaluator, step: int) -> dict:
@@ -144,8 +141,8 @@ def _ref_kl(batch, cfg) -> dict:
     tokens (0 at step 1, when both are the starting weights); {} without a reference."""
     if batch.ref_logprobs is None:
         return {}
-    kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.algorithm.kl_type)
-    return {"actor/ref_kl": float(masked_mean(kl, batch.loss_mask))}
+    kl = algorithms.kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.algorithm.kl_type)
+    return {"actor/ref_kl": float(algorithms.masked_mean(kl, batch.loss_mask))}
 
 
 def _logprob_gap(batch) -> float:

@@ -21,134 +21,9 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 
-import torch
-
-EXIT_BAD_INPUT = 2
-PROMPTS = [
-    "Your goal: go to the red ball",
-    "Goal: craft 1 crafting table.\nCrafting commands:\ncraft 1 oak planks using 1 oak log",
-    "Action: inventory",
-]
-
-
-def _config(tp: int, pp: int, hf_config):
-    from agentgym_mega.config import validate
-
-    # Keep the checkpoint's own precision, so that conversion is lossless.
-    dtype = "bfloat16" if getattr(hf_config, "dtype", None) in (torch.bfloat16, "bfloat16") else "float32"
-    return validate({"parallel": {"world_size": tp * pp, "tp": tp, "pp": pp}, "model": {"dtype": dtype}})
-
-
-def _actor(hf_dir: str, tp: int, pp: int, load_weights: bool = True):
-    from agentgym_mega.models.actor import MegatronActor
-    from agentgym_mega.models import gpt
-
-    return MegatronActor(hf_dir, _config(tp, pp, gpt.load_hf_config(hf_dir)), trainable=False,
-                         load_weights=load_weights)
-
-
-def _from_checkpoint(ckpt: str, tp: int, pp: int):
-    from agentgym_mega.models import checkpoint
-
-    path = checkpoint.resolve(ckpt)
-    if checkpoint.read_meta(path)["value_head"]:
-        raise checkpoint.CheckpointError(f"{path}: a critic checkpoint (value head) has no HF causal-LM form")
-    actor = _actor(os.path.join(path, checkpoint.HF_SIDE_FILES), tp, pp, load_weights=False)
-    actor.load_checkpoint(path, load_optimizer=False)
-    return actor
-
-
-def do_import(hf: str, out: str, tp: int, pp: int) -> dict:
-    return {"checkpoint": _actor(hf, tp, pp).save_checkpoint(out, step=0)}
-
-
-def do_export(ckpt: str, out: str, tp: int, pp: int) -> dict:
-    return {"hf": _from_checkpoint(ckpt, tp, pp).save_hf(out)}
-
-
-def do_roundtrip(hf: str, tp: int, pp: int) -> dict:
-    """HF -> megatron checkpoint -> HF, through disk both ways; every tensor compared bitwise."""
-    import shutil
-
-    import torch.distributed as dist
-
-    from agentgym_mega.models import gpt, mapping, weights
-
-    box = [tempfile.mkdtemp(prefix="roundtrip-") if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box)
-    work = box[0]
-    do_import(hf, os.path.join(work, "ckpt"), tp, pp)
-    exported = do_export(os.path.join(work, "ckpt"), os.path.join(work, "hf"), tp, pp)["hf"]
-    if exported is None:  # not the writing rank
-        return {}
-    geometry = mapping.Geometry.of(gpt.load_hf_config(hf), padded_vocab=0)
-    source, back = weights.HFCheckpoint(hf, geometry), weights.HFCheckpoint(exported, geometry)
-    mismatched = [n for n in sorted(source.files) if n not in back.files or not torch.equal(source.get(n), back.get(n))]
-    unexpected = sorted(set(back.files) - set(source.files))
-    shutil.rmtree(work)
-    return {"tensors": len(source.files), "mismatched": mismatched, "unexpected": unexpected,
-            "bitwise_equal": not mismatched and not unexpected}
-
-
-def do_compare(hf: str, ckpt: str, tp: int, pp: int) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    actor = _from_checkpoint(ckpt, tp, pp)
-    tokenizer = AutoTokenizer.from_pretrained(hf)
-    reference = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
-    max_diff, agree, total = 0.0, 0, 0
-    for prompt in PROMPTS:
-        ids = torch.tensor([tokenizer(prompt)["input_ids"]])
-        ours = actor.full_logits(ids).float()
-        with torch.no_grad():
-            theirs = reference(ids).logits.float()
-        max_diff = max(max_diff, (ours - theirs).abs().max().item())
-        agree += int((ours.argmax(-1) == theirs.argmax(-1)).sum())
-        total += ids.numel()
-    return {"prompts": len(PROMPTS), "max_abs_logit_diff": max_diff, "next_token_agreement": agree / total}
-
-
-COMMANDS = {"import": do_import, "export": do_export, "roundtrip": do_roundtrip, "compare": do_compare}
-
-
-def _run_rank(command: str, kwargs: dict) -> dict:
-    """One rank's work; bad input comes back as {"error": message} rather than a traceback."""
-    from agentgym_mega import platform
-    from agentgym_mega.models.checkpoint import CheckpointError
-    from agentgym_mega.models.mapping import MappingError
-
-    platform.init_distributed(tp=kwargs["tp"], pp=kwargs["pp"], seed=0)
-    try:
-        return COMMANDS[command](**kwargs)
-    except (MappingError, CheckpointError, FileNotFoundError) as exc:
-        return {"error": str(exc)}
-
-
-def _check_inputs(args) -> None:
-    """Cheap checks before any rank starts: the directories and the architecture."""
-    from agentgym_mega.models import checkpoint, gpt, mapping
-
-    if getattr(args, "hf", None):
-        if not os.path.isfile(os.path.join(args.hf, "config.json")):
-            raise FileNotFoundError(f"{args.hf}: no config.json (not a Hugging Face model directory)")
-        mapping.architecture(gpt.load_hf_config(args.hf))
-    if getattr(args, "ckpt", None):
-        checkpoint.resolve(args.ckpt)
-
-
-def run(command: str, **kwargs) -> dict:
-    """Runs ``command`` on this process's ranks (torchrun) or on TP * PP spawned local ranks;
-    returns global rank 0's result."""
-    world = kwargs["tp"] * kwargs["pp"]
-    if "WORLD_SIZE" in os.environ:
-        if int(os.environ["WORLD_SIZE"]) != world:
-            raise ValueError(f"torchrun started {os.environ['WORLD_SIZE']} ranks; --tp * --pp = {world}")
-        return _run_rank(command, kwargs)
-    from agentgym_mega.platform.local_ranks import run_on_local_ranks
-
-    return run_on_local_ranks(_run_rank, world, command, kwargs)[0]
+from agentgym_mega.errors import EXIT_BAD_INPUT
+from agentgym_mega.models.conversion import run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,15 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from agentgym_mega.models.checkpoint import CheckpointError
-    from agentgym_mega.models.mapping import MappingError
-
     args = build_parser().parse_args(argv)
     kwargs = {k: v for k, v in vars(args).items() if k != "command"}
     try:
-        _check_inputs(args)
         result = run(args.command, **kwargs)
-    except (MappingError, CheckpointError, FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError) as exc:  # bad input found before any rank started (BadInput is a ValueError)
         result = {"error": str(exc)}
     if "WORLD_SIZE" in os.environ and int(os.environ.get("RANK", 0)) != 0:
         return 0

@@ -16,7 +16,8 @@ Every reset and step answer keeps AgentGym's fields (`observation`, `reward`, `d
 
 `instruction(name)` is the text that opens an episode for the model: the reply format and the
 environment's commands and rules, read from `envs/<name>/instruction.txt` without importing the
-environment (no minigrid, no JVM in the trainer).
+environment (no minigrid, no JVM in the trainer). `eval_max_turns(name)` is the turn limit the
+AgentGym-RL paper evaluates the environment with.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import importlib
 import os
 
 KINDS = ("textcraft", "babyai", "sciworld")
+# The AgentGym-RL paper's evaluation turn limits.
+EVAL_MAX_TURNS = {"babyai": 20, "textcraft": 30, "sciworld": 30}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -44,3 +47,9 @@ def instruction(name: str) -> str:
     _check_name(name)
     with open(os.path.join(_HERE, name, "instruction.txt"), encoding="utf-8") as f:
         return f.read().strip()
+
+
+def eval_max_turns(name: str) -> int:
+    """Assistant turns an evaluation episode may take in this environment (the paper's setting)."""
+    _check_name(name)
+    return EVAL_MAX_TURNS[name]

@@ -43,9 +43,13 @@ def no_create_fields(body: dict) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Task:
+    """One task of an environment's catalogue: the data_idx its reset takes, its category (BabyAI
+    level, TextCraft depth, SciWorld task type) and split. The trainer uses the same record; a
+    task id given explicitly and absent from the catalogue has category and split ""."""
+
     id: int
-    category: str
-    split: str
+    category: str = ""
+    split: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

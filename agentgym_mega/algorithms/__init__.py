@@ -12,22 +12,17 @@ from agentgym_mega.algorithms.advantages import (
     rloo_advantages,
 )
 from agentgym_mega.algorithms.estimators import compute_advantages
-from agentgym_mega.algorithms.horizon import horizon_cap
+from agentgym_mega.algorithms.horizon import turn_cap
 from agentgym_mega.algorithms.losses import (
     actor_loss,
-    aggregate,
     aggregate_parts,
     critic_loss,
-    entropy_bonus,
     kl_penalty,
     masked_mean,
     masked_whiten,
-    policy_loss,
-    value_loss,
 )
 
 __all__ = [
-    "actor_loss", "aggregate", "aggregate_parts", "compute_advantages", "critic_loss", "entropy_bonus", "gae", "grpo_advantages", "horizon_cap", "kl_penalty",
-    "masked_mean", "masked_whiten", "policy_loss", "reinforce_pp_advantages", "rloo_advantages",
-    "value_loss",
+    "actor_loss", "aggregate_parts", "compute_advantages", "critic_loss", "gae", "grpo_advantages", "kl_penalty",
+    "masked_mean", "masked_whiten", "reinforce_pp_advantages", "rloo_advantages", "turn_cap",
 ]

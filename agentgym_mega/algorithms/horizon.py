@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def horizon_cap(step: int, horizon) -> int:
+def turn_cap(step: int, horizon) -> int:
     """Turn cap for 1-based global `step`. With caps [6, 13, 20] and interval 100, steps 1-100
     get 6, 101-200 get 13, then 20. Derived from the step alone, so a resumed run gets the same
     cap as an uninterrupted one at every step, stage boundaries included."""

@@ -23,10 +23,12 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> tor
 
 
 def aggregate_parts(loss: torch.Tensor, mask: torch.Tensor, agg: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(total, count) with ``aggregate = total / count``: both add up over any split of the batch
-    along sequences (micro-batches, DP ranks), so the parts of slices give the whole batch's
-    aggregate. The count is trained tokens for `token-mean` and sequences with trained tokens
-    for the `seq-mean-*` aggregations."""
+    """Reduces a [batch, tokens] loss to (total, count), the aggregate being ``total / count``:
+    `token-mean` weighs every token alike, `seq-mean-token-sum` sums each sequence then averages
+    sequences, `seq-mean-token-mean` averages within each sequence first (every sequence weighs
+    the same). Both parts add up over any split of the batch along sequences (micro-batches, DP
+    ranks), so the parts of slices give the whole batch's aggregate. The count is trained tokens
+    for `token-mean` and sequences with trained tokens for the `seq-mean-*` aggregations."""
     mask = mask.to(loss.dtype)
     if agg == "token-mean":
         return (loss * mask).sum(), mask.sum()
@@ -38,14 +40,6 @@ def aggregate_parts(loss: torch.Tensor, mask: torch.Tensor, agg: str) -> tuple[t
     else:
         raise ValueError(f"loss aggregation {agg!r}: allowed {', '.join(AGGREGATIONS)}")
     return per_seq.sum(), (tokens > 0).to(loss.dtype).sum()  # per_seq is 0 without tokens
-
-
-def aggregate(loss: torch.Tensor, mask: torch.Tensor, agg: str) -> torch.Tensor:
-    """Reduces a [batch, tokens] loss: `token-mean` weighs every token alike,
-    `seq-mean-token-sum` sums each sequence then averages sequences, `seq-mean-token-mean`
-    averages within each sequence first (every sequence weighs the same)."""
-    total, count = aggregate_parts(loss, mask, agg)
-    return total / count.clamp_min(1.0)
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
@@ -63,21 +57,6 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
         neg = torch.clamp(-log_ratio, -20.0, 20.0)
         return torch.clamp(torch.exp(neg) - neg - 1.0, -10.0, 10.0)
     raise ValueError(f"kl kind {kind!r}: allowed k1, k2, k3, low_var_kl")
-
-
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip: float = 0.2,
-    dual_clip: float | None = None,
-    agg: str = "token-mean",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate (optionally dual-clipped). Returns (loss, clip_fraction), the
-    fraction being the share of masked-in tokens where the clipped branch was taken."""
-    loss, clipped = clipped_surrogate(logp, old_logp, advantages, clip, dual_clip)
-    return aggregate(loss, mask, agg), masked_mean(clipped, mask)
 
 
 def clipped_surrogate(logp, old_logp, advantages, clip: float = 0.2,
@@ -98,31 +77,12 @@ def clipped_surrogate(logp, old_logp, advantages, clip: float = 0.2,
     return loss, took_clip
 
 
-def value_loss(
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    clip: float = 0.2,
-    agg: str = "token-mean",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped value loss 0.5 * max((v - R)^2, (v_clip - R)^2), v_clip within `clip` of the old
-    value. Returns (loss, clip_fraction)."""
-    loss, took_clip = clipped_value_error(values, old_values, returns, clip)
-    return aggregate(loss, mask, agg), masked_mean(took_clip, mask)
-
-
 def clipped_value_error(values, old_values, returns, clip: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token clipped value loss and where the clipped branch was taken (1.0 / 0.0)."""
     clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
     unclipped = (values - returns) ** 2
     clipped = (clipped_values - returns) ** 2
     return 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).to(values.dtype)
-
-
-def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean") -> torch.Tensor:
-    """Aggregated per-token entropy; the loss subtracts `entropy_coef` times this."""
-    return aggregate(entropy, mask, agg)
 
 
 def actor_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: dict, cfg) -> tuple[torch.Tensor, torch.Tensor, dict]:

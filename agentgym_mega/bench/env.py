@@ -124,7 +124,7 @@ def _rss(url: str) -> int:
     return requests.get(f"{url}/health", timeout=30).json()["rss_bytes"]
 
 
-def bench_env(env: str, concurrencies: list[int], steps: int = 20) -> dict:
+def run(env: str, concurrencies: list[int], steps: int = 20) -> dict:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
@@ -135,8 +135,8 @@ def bench_env(env: str, concurrencies: list[int], steps: int = 20) -> dict:
         wait_healthy(url)
         report = {"env": env, "steps_per_episode": steps, "server_rss_before_bytes": _rss(url), "results": []}
         for c in concurrencies:
-            for run in (_per_request, _batched):
-                row = run(url, env, c, steps)
+            for measure in (_per_request, _batched):
+                row = measure(url, env, c, steps)
                 report["results"].append(row)
                 print(f"{env} c={c:<4} {row['path']:<12} {row['steps_per_s']:>9.1f} steps/s  "
                       f"p50 {row['step_latency_p50_ms']:>8.2f} ms  p99 {row['step_latency_p99_ms']:>8.2f} ms  "

@@ -62,41 +62,36 @@ def raw_zmq_gbps(total_bytes: int, frame_bytes: int) -> float:
 def run(tp: int = 2, bucket_mb: int = 64, repeats: int = 3) -> dict:
     import statistics
 
-    import ray
-
-    from agentgym_mega.cluster import TrainerGroup
     from agentgym_mega.config import load_config
     from agentgym_mega.models.tiny import TinySpec, make_tiny_model
-    from agentgym_mega.rollout.engines.vllm_engine import launch_remote
+    from agentgym_mega.stack import Stack
 
     with tempfile.TemporaryDirectory() as tmp:
         start_model = make_tiny_model(f"{tmp}/start", TinySpec(arch="qwen2", seed=0, **BENCH_MODEL))
         trained = make_tiny_model(f"{tmp}/trained", TinySpec(arch="qwen2", seed=1, **BENCH_MODEL))
-        cfg = load_config(None, [f"parallel.world_size={tp}", f"parallel.tp={tp}", "model.dtype=float32",
-                                 "trainer.lr=1e-4", "algorithm.kl_coef=0.0", "weight_sync.transport=ipc",
+        cfg = load_config(None, [f"model.path={trained}", f"parallel.world_size={tp}", f"parallel.tp={tp}",
+                                 "model.dtype=float32", "trainer.lr=1e-4", "algorithm.kl_coef=0.0",
+                                 "rollout.max_model_len=512", "weight_sync.transport=ipc",
                                  f"weight_sync.bucket_mb={bucket_mb}"])
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        try:
-            # The trainer holds different weights than the engine started with, so the sync
-            # must really move them for the log-probs to agree afterwards.
-            group = TrainerGroup(cfg, trained, role="actor")
-            engine = launch_remote(start_model, max_model_len=512)
-            ray.get(engine.health.remote())  # started: time the sync, not vLLM's start-up
-            first = group.call("sync_weights", [engine], 0)
+        # The trainer holds different weights than the engine started with, so the sync must
+        # really move them for the log-probs to agree afterwards. The engine has started before
+        # the first sync: the clock times the sync, not vLLM's start-up.
+        with Stack.start(cfg, env=False, engine_model=start_model) as stack:
+            actor, engine = stack.actor, stack.engines[0]
+            first = actor.sync_weights([engine], 0)
             syncs = []
             for version in range(1, repeats + 1):
-                group.call("update_policy", _random_batch(version), 1.0)  # new weights to send
-                syncs.append(group.call("sync_weights", [engine], version))
+                actor.update(_random_batch(version), 1.0)  # new weights to send
+                syncs.append(actor.sync_weights([engine], version))
             ceiling = max(raw_zmq_gbps(first.bytes, bucket_mb << 20) for _ in range(repeats))
-            diff = _logprob_gap(group, engine)
-        finally:
-            ray.shutdown()
+            diff = _logprob_gap(actor, engine)
     stats = sorted(syncs, key=lambda s: s.seconds)[len(syncs) // 2]
     return {
         "model": f"qwen2 {BENCH_MODEL}", "trainer_tp": tp, "bucket_mb": bucket_mb, "repeats": repeats,
         "params": stats.params, "bytes": stats.bytes, "seconds": stats.seconds,
         "gbps": stats.gbps, "ceiling_gbps": ceiling, "fraction_of_ceiling": stats.gbps / ceiling,
-        "all_seconds": [s.seconds for s in syncs], "gbps_spread": [min(s.gbps for s in syncs), max(s.gbps for s in syncs)],
+        "all_seconds": [s.seconds for s in syncs],
+        "gbps_spread": [min(s.gbps for s in syncs), max(s.gbps for s in syncs)],
         # Where the seconds went: producing tensors (the TP gather on the trainer ranks, which
         # overlaps streaming) and the engine's in-place reload after the last byte.
         "gather_seconds": stats.source_seconds, "engine_load_seconds": stats.load_seconds,
@@ -113,7 +108,7 @@ def _random_batch(seed: int, size: int = 2, length: int = 32) -> dict:
             "advantages": torch.randn(size, length, generator=g)}
 
 
-def _logprob_gap(group, engine) -> torch.Tensor:
+def _logprob_gap(actor, engine) -> torch.Tensor:
     """|vLLM - trainer| log-probs of the tokens the engine samples from a few prompts."""
     import ray
 
@@ -125,5 +120,5 @@ def _logprob_gap(group, engine) -> torch.Tensor:
     for i, (p, g) in enumerate(zip(prompts, generations)):
         ids[i, : len(p) + len(g.token_ids)] = torch.tensor(p + g.token_ids)
         mask[i, len(p) : len(p) + len(g.token_ids)] = True
-    megatron = group.call("logprobs", ids, 1.0)["logprobs"][mask]
+    megatron = actor.logprobs(ids, 1.0)[mask]
     return (megatron - torch.tensor([lp for g in generations for lp in g.logprobs])).abs()

@@ -62,8 +62,8 @@ def hf_tokens_per_s(hf_dir: str, spec: BenchSpec) -> float:
 def megatron_tokens_per_s(hf_dir: str, tp: int, spec: BenchSpec) -> float:
     """Runs on each of ``tp`` ranks; every rank returns the same (rank 0's clock decides)."""
     from agentgym_mega import platform
-    from agentgym_mega.models.actor import MegatronActor, token_logprobs_and_entropy
     from agentgym_mega.config import validate
+    from agentgym_mega.models.actor import MegatronActor, token_logprobs_and_entropy
 
     platform.init_distributed(tp=tp, pp=1, seed=0)
     actor = MegatronActor(hf_dir, validate({"parallel": {"world_size": tp, "tp": tp}}))

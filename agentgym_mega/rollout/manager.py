@@ -14,14 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from agentgym_mega.remote import call_async
 from agentgym_mega.rollout.batch import Episode, TrajectoryBatch
-from agentgym_mega.rollout.engines import SamplingConfig, call_async
-
-
-@dataclasses.dataclass
-class Task:
-    id: int
-    category: str = ""
+from agentgym_mega.rollout.engines import SamplingConfig
+from envs.environment import Task
 
 
 def request_seed(seed: tuple[int, ...], episode: int, turn: int) -> int:
@@ -169,7 +165,8 @@ class RolloutManager:
             prompts = [episodes[p].ids for p in positions]
             seeds = (None if self._seed is None else
                      [request_seed(self._seed, episodes[p].index, episodes[p].turns) for p in positions])
-            waits.append((positions, call_async(self._pool, self.engines[engine], "generate", prompts, sampling, seeds)))
+            wait = call_async(self._pool, self.engines[engine], "generate", prompts, sampling, seeds)
+            waits.append((positions, wait))
         out = [None] * len(episodes)
         for positions, wait in waits:
             for p, generation in zip(positions, wait()):

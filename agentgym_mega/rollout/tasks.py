@@ -5,25 +5,26 @@ from __future__ import annotations
 
 import random
 
-from agentgym_mega.config import ConfigError
-from agentgym_mega.rollout.manager import Task
+from agentgym_mega.errors import BadInput
+from envs.environment import Task
 
 
-def select_tasks(catalogue: list[dict], split: str, task_ids: list[int] | None,
-                 categories: list[str] | None) -> list[Task]:
-    """The tasks of ``split`` from a server's catalogue (``[{id, category, split}]``), or the
-    explicit ``task_ids`` (any id, keeping the environment's meaning), kept to ``categories``."""
-    category = {t["id"]: t["category"] for t in catalogue}
+def select_tasks(catalogue: list[Task], split: str, task_ids: list[int] | None,
+                 categories: list[str] | None, key: str = "env.categories") -> list[Task]:
+    """The tasks of ``split`` from an environment's catalogue, or the explicit ``task_ids`` (any
+    id, keeping the environment's meaning), kept to ``categories``. An unknown category is bad
+    input, named in the error as ``key`` (the setting it came from)."""
+    by_id = {t.id: t for t in catalogue}
     if task_ids is None:
-        tasks = [Task(t["id"], t["category"]) for t in catalogue if t["split"] == split]
+        tasks = [t for t in catalogue if t.split == split]
     else:
-        tasks = [Task(i, category.get(i, "")) for i in task_ids]
+        tasks = [by_id.get(i, Task(i)) for i in task_ids]
     if categories is None:
         return tasks
-    known = sorted(set(category.values()))
+    known = sorted({t.category for t in catalogue})
     unknown = [c for c in categories if c not in known]
     if unknown:
-        raise ConfigError(f"env.categories: unknown {unknown}; this environment's categories: {', '.join(known)}")
+        raise BadInput(f"{key}: unknown {unknown}; this environment's categories: {', '.join(known)}")
     return [t for t in tasks if t.category in categories]
 
 

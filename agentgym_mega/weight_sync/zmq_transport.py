@@ -72,7 +72,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 import zmq
 
-from agentgym_mega.rollout.engines import call_async
+from agentgym_mega.remote import call_async
 from agentgym_mega.weight_sync.base import WeightSynchronizer
 from agentgym_mega.weight_sync.buckets import TensorSpec, pack, to_dtype
 

@@ -10,8 +10,8 @@ import sys
 import torch
 
 from agentgym_mega import platform
-from agentgym_mega.models.actor import MegatronActor
 from agentgym_mega.config import validate
+from agentgym_mega.models.actor import MegatronActor
 from agentgym_mega.models.critic import MegatronCritic
 from agentgym_mega.models.weights import unwrap
 from agentgym_mega.network import free_port
@@ -93,7 +93,7 @@ def training_job(models: dict, work: str) -> dict:
         critic = MegatronCritic(hf_dir, cfg)
         before = critic.values(ids)
         returns = torch.linspace(-1, 1, ids.shape[1]).expand_as(ids)
-        critic_metrics = [critic.update({"input_ids": ids, "returns": returns}, value_loss, 2)
+        critic_metrics = [critic.update({"input_ids": ids, "returns": returns}, critic_objective, 2)
                           for _ in range(3)]
         out[arch] = {"history": first + rest, "resumed_history": resumed_rest, "final": final,
                      "resumed_final": resumed_final, "trainer_state": trainer_state,
@@ -141,13 +141,13 @@ def data_parallel_job(world: int, hf_dir: str, aggs: list[str]) -> dict:
     return out
 
 
-def value_loss(values, mb):
+def critic_objective(values, mb):
     return ((values - mb["returns"]) ** 2).sum(), torch.tensor(values.numel()), {}
 
 
 def fit_values(critic, steps: range, ids) -> list[dict]:
     returns = torch.linspace(-1, 1, ids.shape[1]).expand_as(ids)
-    return [critic.update({"input_ids": ids, "returns": returns}, value_loss, micro_batch_size=2) for _ in steps]
+    return [critic.update({"input_ids": ids, "returns": returns}, critic_objective, micro_batch_size=2) for _ in steps]
 
 
 def head_outputs(critic, ids) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""`python -m checkpoint_tools.convert` as a user runs it (spawning TP * PP local gloo ranks)."""
+"""`python -m checkpoint_tools.convert` as a user runs it (spawning TP * PP local gloo ranks), and the
+library's `export_hf` behind it."""
 
 import json
 import os
@@ -9,6 +10,8 @@ import sys
 import pytest
 import torch
 
+from agentgym_mega.models.checkpoint import CheckpointError
+from agentgym_mega.models.conversion import export_hf
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -41,11 +44,14 @@ def test_import_at_tp2_compare_at_tp1_and_export(megatron_models, tmp_path):
     report = _report(convert("compare", "--hf", hf, "--ckpt", ckpt))
     assert report["max_abs_logit_diff"] <= LOGIT_TOL and report["next_token_agreement"] == 1.0, report
     _report(convert("export", "--ckpt", ckpt, "--out", out))
+    in_process = export_hf(ckpt, str(tmp_path / "hf-tp2"), tp=2)  # the library's export, as evaluation calls it
+    assert in_process == str(tmp_path / "hf-tp2")
     ids = torch.arange(20)[None]
     with torch.no_grad():
         original = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)(ids).logits
-        exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)(ids).logits
-    assert torch.equal(original, exported)
+        for exported_dir in (out, in_process):
+            exported = AutoModelForCausalLM.from_pretrained(exported_dir, dtype=torch.float32)(ids).logits
+            assert torch.equal(original, exported), exported_dir
     assert sorted(f for f in os.listdir(out) if "token" in f) == sorted(f for f in os.listdir(hf) if "token" in f)
 
 
@@ -74,3 +80,5 @@ def test_bad_input_stops_with_the_name_and_writes_nothing(megatron_models, tmp_p
     assert not os.path.exists(out)  # nothing half-written
     proc = convert("export", "--ckpt", str(tmp_path), "--out", out)
     assert proc.returncode == 2 and "not a checkpoint" in proc.stderr
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        export_hf(str(tmp_path), out)

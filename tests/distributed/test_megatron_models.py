@@ -45,7 +45,8 @@ def runs(megatron_models, tmp_path_factory):
     ckpt = str(work / "ckpt")
     training = run_on_local_ranks(jobs.training_job, 2, megatron_models, ckpt)
     killed = subprocess.run(
-        [sys.executable, "-m", "tests.distributed.megatron_jobs", megatron_models["llama"], os.path.join(ckpt, "llama")],
+        [sys.executable, "-m", "tests.distributed.megatron_jobs", megatron_models["llama"],
+         os.path.join(ckpt, "llama")],
         cwd=REPO, capture_output=True, text=True, timeout=300, start_new_session=True,
     )
     parity = {
@@ -60,7 +61,7 @@ def _max_diff(a, b) -> float:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"tp{l[0]}pp{l[1]}")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: f"tp{layout[0]}pp{layout[1]}")
 def test_logits_logprobs_and_entropy_match_transformers(runs, hf_reference, arch, layout):
     ref = hf_reference[arch]
     logp_ref = torch.log_softmax(ref["logits"], -1)
@@ -78,7 +79,7 @@ def test_logits_logprobs_and_entropy_match_transformers(runs, hf_reference, arch
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"tp{l[0]}pp{l[1]}")
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: f"tp{layout[0]}pp{layout[1]}")
 def test_hf_megatron_hf_round_trip_is_bitwise(runs, hf_reference, arch, layout):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM

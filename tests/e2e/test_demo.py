@@ -34,7 +34,7 @@ def test_pretrain_tiny_then_demo_config_trains_and_evaluates(tmp_path):
         metrics = [json.loads(line) for line in f]
     assert [m["step"] for m in metrics] == [0, 1, 2]
     assert "eval/success" in metrics[0] and "eval/success" in metrics[2]
-    assert (metrics[1]["horizon/cap"], metrics[2]["horizon/cap"]) == (2, 4)
+    assert (metrics[1]["horizon/turn_cap"], metrics[2]["horizon/turn_cap"]) == (2, 4)
     assert metrics[2]["rollout/logprob_diff"] <= 1e-4  # the Llama's weights reached vLLM at TP=2
     assert "held-out success (4 tasks x 1, 6 turns)" in result.stdout
     assert (run_dir / "reward_curve.png").exists()

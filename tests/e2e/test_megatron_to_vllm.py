@@ -42,7 +42,7 @@ def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
     # two KV heads: TP=2 gives each rank whole query groups
     tiny_qwen2 = make_tiny_model(str(tmp_path / "qwen2"), TinySpec(arch="qwen2", kv_heads=2))
 
-    from agentgym_mega.cluster import TrainerGroup
+    from agentgym_mega.cluster import PolicyGroup
     from agentgym_mega.rollout.engines.vllm_engine import launch_remote
 
     cfg = load_config(None, [
@@ -54,17 +54,17 @@ def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
     sampling = SamplingConfig(temperature=1.0, max_tokens=12)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        group = TrainerGroup(cfg, tiny_qwen2)
+        group = PolicyGroup(cfg, tiny_qwen2)
         engine = launch_remote(tiny_qwen2, max_model_len=256)
         before = ray.get(engine.generate.remote(prompts, sampling, [3] * len(prompts)))
         ids, mask = sequences(prompts, before)
         # Three PPO steps that push up the sampled tokens (advantage +1 on every one).
         for _ in range(3):
-            old = group.call("logprobs", ids, 1.0)["logprobs"]
-            metrics = group.call("update_policy", {"input_ids": ids, "loss_mask": mask, "old_logprobs": old,
-                                                   "advantages": mask.clone()}, 1.0)
+            old = group.logprobs(ids, 1.0)
+            metrics = group.update({"input_ids": ids, "loss_mask": mask, "old_logprobs": old,
+                                    "advantages": mask.clone()}, 1.0)
             assert metrics["grad_norm"] > 0
-        trained = group.call("logprobs", ids, 1.0)["logprobs"]
+        trained = group.logprobs(ids, 1.0)
         assert (trained - old)[mask.bool()].mean() > 0  # the update moved the policy
 
         # A sync that fails on rank 0 before streaming (here: a dead engine) raises there, and
@@ -76,13 +76,13 @@ def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
             ray.get(failed[0], timeout=120)
         assert ray.get(failed[1], timeout=120) is None
 
-        stats = group.call("sync_weights", [engine], 1)
+        stats = group.sync_weights([engine], 1)
         assert stats.version == 1 and stats.buckets > 1
         assert ray.get(engine.health.remote())["version"] == 1
 
         after = ray.get(engine.generate.remote(prompts, sampling, [3] * len(prompts)))
         ids, mask = sequences(prompts, after)
-        megatron = group.call("logprobs", ids, 1.0)["logprobs"][mask.bool()]
+        megatron = group.logprobs(ids, 1.0)[mask.bool()]
         vllm = torch.tensor([lp for g in after for lp in g.logprobs])
         diff = (megatron - vllm).abs()
         print(f"megatron TP=2 -> vLLM: mean |dlogp| {diff.mean():.2e}, max {diff.max():.2e}")

@@ -36,7 +36,7 @@ def layouts(logical_gpus) -> dict:
 def config(placement: str, *extra: str):
     # kl on: each trainer bundle holds an actor and a reference rank
     return load_config(None, ["parallel.world_size=2", "parallel.tp=1", "rollout.num_engines=2",
-                              "algorithm.kl_coef=0.001", "env.workers=2", f"cluster.placement={placement}", *extra])
+                              "algorithm.kl_coef=0.001", "env.num_servers=2", f"cluster.placement={placement}", *extra])
 
 
 def landed(cfg, gpus: bool = True) -> dict:

@@ -8,7 +8,8 @@ import requests
 import torch
 
 from agentgym_mega.rollout.engines import SamplingConfig
-from agentgym_mega.rollout.manager import RolloutManager, Task
+from agentgym_mega.rollout.manager import RolloutManager
+from envs.environment import Task
 
 pytestmark = pytest.mark.slow
 

@@ -43,7 +43,8 @@ def test_tokenizer_has_qwen_chat_markup_and_round_trips_env_text(cli_models):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(cli_models["qwen2"])
-    messages = [{"role": "user", "content": "Goal: craft 1 loom."}, {"role": "assistant", "content": "Action: inventory"}]
+    messages = [{"role": "user", "content": "Goal: craft 1 loom."},
+                {"role": "assistant", "content": "Action: inventory"}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert text == (
         "<|im_start|>user\nGoal: craft 1 loom.<|im_end|>\n"
@@ -66,11 +67,11 @@ def test_loaded_tokenizer_encodes_exactly_as_trained(cli_models, arch):
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from agentgym_mega.models.tiny import environment_corpus
+    from envs.corpus import text_corpus
 
     trained = Tokenizer.from_file(os.path.join(cli_models[arch], "tokenizer.json"))
     loaded = AutoTokenizer.from_pretrained(cli_models[arch])
-    for text in environment_corpus()[::25]:
+    for text in text_corpus()[::25]:
         assert loaded(text, add_special_tokens=False).input_ids == trained.encode(text).ids
 
 

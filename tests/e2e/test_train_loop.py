@@ -24,7 +24,7 @@ def test_two_steps_then_resume(tmp_path):
         f"model.path={model}", "model.dtype=float32",
         "parallel.world_size=2", "parallel.tp=2", "parallel.sequence_parallel=false", "parallel.recompute=none",
         "rollout.num_engines=1", "rollout.n_per_task=2", "rollout.max_tokens_per_turn=12", "rollout.max_model_len=2048",
-        "env.name=textcraft", "env.workers=1", "env.categories=[depth-1]",
+        "env.name=textcraft", "env.num_servers=1", "env.categories=[depth-1]",
         "eval.at_start=true", "eval.freq=2", "eval.n=1", "eval.limit=2", "eval.max_turns=1",
         # a random policy earns no reward: the entropy term alone makes the update move the weights
         "algorithm.kl_coef=0.0", "algorithm.entropy_coef=0.05",
@@ -44,11 +44,13 @@ def test_two_steps_then_resume(tmp_path):
     assert step0["overall"]["tasks"] == 2 and set(step0["categories"]) == {"depth-1"} and step0["max_turns"] == 1
     assert "held-out success (2 tasks x 1, 1 turns)" in result.stdout
     assert (run_dir / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (first["horizon/cap"], second["horizon/cap"]) == (1, 2)  # ScalingInter: a new stage each step
+    assert (first["horizon/turn_cap"], second["horizon/turn_cap"]) == (1, 2)  # ScalingInter: a new stage each step
     assert first["episode/turns_mean"] <= 1 and second["episode/turns_mean"] <= 2
     assert first["actor/grad_norm"] > 0  # the update changed the weights ...
     # ... and the engine serves them: step 2's rollout log-probs match the trainer's recomputation
     assert second["rollout/logprob_diff"] <= 1e-4
+    # the sync's own figures are logged: the whole model moved, in at least one bucket
+    assert second["sync/bytes"] > 0 and second["sync/buckets"] >= 1 and second["sync/gbps"] > 0
     for key in ("time/generate_s", "time/env_s", "time/train_s", "time/sync_s", "perf/tokens_per_s",
                 "actor/entropy", "actor/clip_fraction", "episode/truncated", "episode/env_errors"):
         assert key in second
@@ -60,7 +62,7 @@ def test_two_steps_then_resume(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     steps = read_metrics(run_dir)
     assert [m["step"] for m in steps] == [0, 1, 2, 3]  # resumed at 3, not from the start
-    assert steps[3]["horizon/cap"] == 3 and steps[3]["rollout/logprob_diff"] <= 1e-4
+    assert steps[3]["horizon/turn_cap"] == 3 and steps[3]["rollout/logprob_diff"] <= 1e-4
     assert "eval/avg" in steps[3]  # the last step is always evaluated
     assert (checkpoints / "latest").read_text().strip() == "iter_0000003"
 

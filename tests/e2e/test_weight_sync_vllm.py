@@ -108,7 +108,8 @@ def test_sync_interrupted_by_a_dead_trainer_keeps_the_previous_weights(engine, m
     served = engine.generate(PROMPTS, GREEDY)
     address = default_address()
     proc = subprocess.Popen([sys.executable, "-c", SENDER_THAT_DIES, address,
-                             os.path.join(models[2], "model.safetensors"), "4", dies], stdout=subprocess.PIPE, text=True)
+                             os.path.join(models[2], "model.safetensors"), "4", dies],
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "bound"
     with pytest.raises(Exception, match="stalled"):
         engine.update_weights(address, 4, timeout_s=3)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from agentgym_mega.models import checkpoint, weights
+from agentgym_mega import files
+from agentgym_mega.models import checkpoint
 
 
 def _checkpoint(path):
@@ -35,8 +36,8 @@ def test_commit_dir_replaces_atomically(tmp_path):
     final = tmp_path / "out"
     final.mkdir()
     (final / "old.txt").write_text("old")
-    tmp = weights.atomic_dir(str(final))
+    tmp = files.atomic_dir(str(final))
     (tmp_path / "out.tmp" / "new.txt").write_text("new")
-    weights.commit_dir(tmp, str(final))
+    files.commit_dir(tmp, str(final))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert [p.name for p in final.iterdir()] == ["new.txt"]

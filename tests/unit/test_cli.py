@@ -2,6 +2,7 @@
 
 import pytest
 
+from agentgym_mega import errors
 from agentgym_mega.cli import build_parser
 from tests.conftest import run_cli
 
@@ -59,7 +60,25 @@ def test_layouts_parse_to_tp_pp_world():
 ])
 def test_a_missing_model_is_refused_before_anything_starts(args, message):
     result = run_cli(*args)
-    assert result.returncode == 2 and message in result.stderr and "no config.json" in result.stderr
+    assert result.returncode == errors.EXIT_BAD_INPUT and message in result.stderr and "no config.json" in result.stderr
+
+
+def test_both_clis_turn_bad_input_into_the_shared_exit_code(tmp_path, capsys):
+    """A config error, a model spec error, a missing HF directory and a non-checkpoint all end the
+    same way, named on stderr, before any rank or engine starts."""
+    from agentgym_mega import cli
+    from checkpoint_tools import convert
+
+    assert cli.main(["config", "--config", str(tmp_path / "nowhere.yaml")]) == errors.EXIT_BAD_INPUT
+    assert "nowhere.yaml" in capsys.readouterr().err
+    assert cli.main(["make-tiny-model", "--out", str(tmp_path / "m"), "--hidden", "96"]) == errors.EXIT_BAD_INPUT
+    assert "multiple of 32" in capsys.readouterr().err
+    missing = str(tmp_path / "missing")
+    assert convert.main(["import", "--hf", missing, "--out", str(tmp_path / "c")]) == errors.EXIT_BAD_INPUT
+    assert "no config.json" in capsys.readouterr().err
+    assert convert.main(["export", "--ckpt", str(tmp_path), "--out", str(tmp_path / "hf")]) == errors.EXIT_BAD_INPUT
+    assert "not a checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists() and not (tmp_path / "c").exists() and not (tmp_path / "hf").exists()
 
 
 def test_bench_learn_keeps_the_demo_schedule_in_proportion(tmp_path):

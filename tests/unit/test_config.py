@@ -35,10 +35,10 @@ def test_dotted_overrides_parse_yaml_values():
 def test_includes_merge_deeply_and_later_keys_win(tmp_path):
     (tmp_path / "base.yaml").write_text("trainer: {total_steps: 10, lr: 0.5}\nenv: {name: textcraft}\n")
     (tmp_path / "mid.yaml").write_text("include: base.yaml\ntrainer: {total_steps: 20}\n")
-    (tmp_path / "top.yaml").write_text("include: [mid.yaml]\nenv: {workers: 3}\n")
+    (tmp_path / "top.yaml").write_text("include: [mid.yaml]\nenv: {num_servers: 3}\n")
     cfg = load_config(str(tmp_path / "top.yaml"), ["trainer.total_steps=30"])
     assert cfg.trainer.total_steps == 30 and cfg.trainer.lr == 0.5
-    assert cfg.env.name == "textcraft" and cfg.env.workers == 3
+    assert cfg.env.name == "textcraft" and cfg.env.num_servers == 3
 
 
 def test_include_cycle_and_missing_file_are_named(tmp_path):
@@ -148,3 +148,20 @@ def test_engines_run_the_trainers_dtype_unless_told_otherwise():
     assert load_config(None, ["model.dtype=float32"]).rollout.dtype == "float32"
     assert load_config(None, ["model.dtype=bfloat16"]).rollout.dtype == "bfloat16"
     assert load_config(None, ["model.dtype=float32", "rollout.dtype=bfloat16"]).rollout.dtype == "bfloat16"
+
+
+def test_old_env_workers_key_still_works_with_a_warning():
+    with pytest.warns(FutureWarning, match="env.workers is deprecated: use env.num_servers"):
+        cfg = load_config(None, ["env.workers=3"])
+    assert cfg.env.num_servers == 3
+
+
+def test_old_and_new_env_server_keys_together_are_refused():
+    with pytest.raises(ConfigError, match="env.workers and env.num_servers both given"):
+        load_config(None, ["env.workers=3", "env.num_servers=2"])
+
+
+def test_retired_rollout_engine_key_is_dropped_with_a_warning():
+    with pytest.warns(FutureWarning, match="rollout.engine is no longer read"):
+        cfg = load_config(None, ["rollout.engine=vllm"])
+    assert not hasattr(cfg.rollout, "engine")

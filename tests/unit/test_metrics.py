@@ -11,7 +11,8 @@ from agentgym_mega.rollout.batch import Episode
 def test_episode_metrics_count_outcomes_and_groups_with_spread():
     # task 1's env error, had it counted, would be a sample scoring 1.0 (a spread) and a success
     episodes = [Episode(0, "a", 0, 1.0, True, 2, "done", 5), Episode(0, "a", 0, 0.5, False, 6, "horizon", 9),
-                Episode(1, "a", 1, 0.0, False, 6, "horizon", 9), Episode(1, "a", 1, 1.0, True, 1, "env_error", 0, "boom")]
+                Episode(1, "a", 1, 0.0, False, 6, "horizon", 9),
+                Episode(1, "a", 1, 1.0, True, 1, "env_error", 0, "boom")]
 
     class Batch:
         pass
@@ -28,9 +29,9 @@ def test_episode_metrics_count_outcomes_and_groups_with_spread():
 
 def test_reward_curve_is_written_from_metrics_with_evals_and_a_resumed_step(tmp_path):
     lines = [{"step": 0, "eval/success": 0.3}]
-    lines += [{"step": s, "reward/mean": s / 10, "reward/success_rate": s / 10, "horizon/cap": 2 if s < 4 else 4}
+    lines += [{"step": s, "reward/mean": s / 10, "reward/success_rate": s / 10, "horizon/turn_cap": 2 if s < 4 else 4}
               for s in range(1, 7)]
-    lines += [{"step": 6, "reward/mean": 0.7, "reward/success_rate": 0.7, "horizon/cap": 4, "eval/success": 0.8}]
+    lines += [{"step": 6, "reward/mean": 0.7, "reward/success_rate": 0.7, "horizon/turn_cap": 4, "eval/success": 0.8}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     path = plot_rewards(str(tmp_path), "a run", window=3)
     assert path == str(tmp_path / "reward_curve.png")

@@ -3,8 +3,8 @@ the tasks and resumes exactly from its position."""
 
 import pytest
 
-from agentgym_mega.rollout.manager import Task
 from agentgym_mega.rollout.tasks import TaskSampler
+from envs.environment import Task
 
 TASKS = [Task(i) for i in range(10)]
 
@@ -31,20 +31,19 @@ def test_no_tasks_is_a_clear_error():
         TaskSampler([], seed=0)
 
 
-CATALOGUE = [{"id": 0, "category": "GoToRedBall", "split": "test"},
-             {"id": 1, "category": "GoToDoor", "split": "test"},
-             {"id": 40, "category": "GoToRedBall", "split": "train"},
-             {"id": 41, "category": "GoToDoor", "split": "train"}]
+CATALOGUE = [Task(0, "GoToRedBall", "test"), Task(1, "GoToDoor", "test"),
+             Task(40, "GoToRedBall", "train"), Task(41, "GoToDoor", "train")]
 
 
 def test_select_tasks_by_split_ids_and_categories():
-    from agentgym_mega.config import ConfigError
+    from agentgym_mega.errors import BadInput
     from agentgym_mega.rollout.tasks import select_tasks
 
     assert [t.id for t in select_tasks(CATALOGUE, "train", None, None)] == [40, 41]
     assert [(t.id, t.category) for t in select_tasks(CATALOGUE, "test", None, ["GoToDoor"])] == [(1, "GoToDoor")]
     # explicit ids keep their meaning even when the catalogue does not list them
-    assert [(t.id, t.category) for t in select_tasks(CATALOGUE, "train", [0, 9999], None)] == [(0, "GoToRedBall"), (9999, "")]
+    explicit = select_tasks(CATALOGUE, "train", [0, 9999], None)
+    assert [(t.id, t.category) for t in explicit] == [(0, "GoToRedBall"), (9999, "")]
     assert [t.id for t in select_tasks(CATALOGUE, "train", [0, 1, 41], ["GoToDoor"])] == [1, 41]
-    with pytest.raises(ConfigError, match=r"unknown \['Nope'\].*GoToDoor, GoToRedBall"):
+    with pytest.raises(BadInput, match=r"env.categories: unknown \['Nope'\].*GoToDoor, GoToRedBall"):
         select_tasks(CATALOGUE, "train", None, ["GoToDoor", "Nope"])

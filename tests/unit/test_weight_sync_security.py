@@ -10,8 +10,7 @@ import threading
 import pytest
 import torch
 
-from agentgym_mega.weight_sync import ZmqWeightSynchronizer, new_secret
-from agentgym_mega.weight_sync import zmq_transport
+from agentgym_mega.weight_sync import ZmqWeightSynchronizer, new_secret, zmq_transport
 from agentgym_mega.weight_sync.zmq_transport import SyncError, ZmqWeightReceiver, ZmqWeightSender
 from tests.unit.weight_sync_peers import (
     OTHER_SECRET,

@@ -22,7 +22,6 @@ class SamplingConfig:
 class Generation:
     token_ids: list[int]
     logprobs: list[float]  # log-prob of each sampled token under the sampling distribution
-    finish_reason: str  # "stop" (end-of-turn or stop token) or "length"
 
 
 class InferenceEngine(abc.ABC):

@@ -81,7 +81,7 @@ class VLLMEngine(InferenceEngine):
             completion = out.outputs[0]
             ids = list(completion.token_ids)
             logprobs = [step[token].logprob for step, token in zip(completion.logprobs, ids)]
-            results.append(Generation(ids, logprobs, "length" if completion.finish_reason == "length" else "stop"))
+            results.append(Generation(ids, logprobs))
         return results
 
     def update_weights(self, address: str, version: int, timeout_s: float = 120.0,

@@ -1,0 +1,20 @@
+"""Calling an object that may be a Ray actor handle or an in-process instance (an inference
+engine in a test or a tool), the same way: rollout and weight sync both drive engines like this."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+
+def call_async(pool: ThreadPoolExecutor, target, method: str, *args, **kwargs) -> Callable[[], object]:
+    """Starts `target.method(*args, **kwargs)` without waiting; returns a function that waits for
+    the result. A Ray actor handle runs it in its own process, an in-process object on `pool`."""
+    bound = getattr(target, method)
+    remote = getattr(bound, "remote", None)
+    if remote is not None:
+        import ray
+
+        ref = remote(*args, **kwargs)
+        return lambda: ray.get(ref)
+    return pool.submit(bound, *args, **kwargs).result

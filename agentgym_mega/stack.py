@@ -1,0 +1,128 @@
+"""Start-up and shutdown of a run, in one place: Ray, the environment servers and their client,
+the task list, the tokenizer, the inference engines, the rollout manager and the trainer groups.
+`train`, `eval` and the benchmarks start what they need with :meth:`Stack.start`, a context
+manager that shuts down whatever was started, also when start-up itself fails halfway."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from typing import Iterator
+
+import ray
+
+from agentgym_mega import platform
+from agentgym_mega.cluster import CriticGroup, Placement, PolicyGroup, roles
+
+
+def env_servers(cfg, options=None) -> tuple[list, list[str], str | None]:
+    """(server actors, urls, secret) of a run: `env.server_urls` with the secret in
+    $AGENTGYM_MEGA_SECRET (if their servers were given one), or `env.num_servers` servers
+    started here with a fresh secret, which they require of every request (they bind the node's
+    address on a multi-node cluster). `options(i)`: server i's Ray actor options."""
+    from agentgym_mega.rollout.env_client import start_servers
+    from envs.limits import SECRET_ENV
+
+    if cfg.env.server_urls:
+        return [], list(cfg.env.server_urls), os.environ.get(SECRET_ENV) or None
+    secret = secrets.token_urlsafe(32)
+    actors, urls = start_servers(cfg.env.name, cfg.env.num_servers, options=options, secret=secret)
+    return actors, urls, secret
+
+
+class Stack:
+    """What a run has started. Parts a caller did not ask for stay None (or empty)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.placement: Placement | None = None
+        self.env_servers: list = []  # Ray actors of the servers started here
+        self.env = None  # EnvClient
+        self.tasks: list = []  # the run's tasks (env.split, env.task_ids, env.categories)
+        self.tokenizer = None
+        self.engines: list = []
+        self.rollout = None  # RolloutManager over the engines and the env servers
+        self.actor: PolicyGroup | None = None
+        self.ref: PolicyGroup | None = None  # with a KL term
+        self.critic: CriticGroup | None = None  # with GAE
+        self._owns_ray = False
+
+    @classmethod
+    @contextlib.contextmanager
+    def start(cls, cfg, *, env: bool = True, trainers: bool = True,
+              engine_model: str | None = None) -> Iterator["Stack"]:
+        """Starts a run's parts: env servers and the rollout manager (`env`), engines serving
+        `engine_model` (default model.path), and the trainer roles (`trainers`); shuts all of
+        them down on leaving, whatever happens."""
+        stack = cls(cfg)
+        try:
+            stack._start(env, trainers, engine_model or cfg.model.path)
+            yield stack
+        finally:
+            stack.shutdown()
+
+    def _start(self, env: bool, trainers: bool, engine_model: str) -> None:
+        from transformers import AutoTokenizer
+
+        from agentgym_mega.rollout.engines.vllm_engine import launch_remote
+        from agentgym_mega.rollout.env_client import EnvClient
+        from agentgym_mega.rollout.manager import RolloutManager
+        from agentgym_mega.rollout.tasks import select_tasks
+
+        cfg = self.cfg
+        self._init_ray(env)
+        self.placement = Placement(cfg, gpus=ray.cluster_resources().get("GPU", 0) >= 1, with_env=env)
+        if env:
+            self.env_servers, urls, secret = env_servers(cfg, self.placement.env_server)
+            self.env = EnvClient(urls, secret=secret)
+            self.tasks = select_tasks(self.env.tasks(), cfg.env.split, cfg.env.task_ids, cfg.env.categories)
+        self.tokenizer = AutoTokenizer.from_pretrained(engine_model)
+        for i in range(cfg.rollout.num_engines):
+            self.engines.append(launch_remote(
+                engine_model, tp=cfg.rollout.engine_tp, dtype=cfg.rollout.dtype,
+                max_model_len=cfg.rollout.max_model_len, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+                seed=cfg.trainer.seed + i, options=self.placement.engine(i)))
+        ray.get([e.health.remote() for e in self.engines])  # started before the first step's clock
+        if env:
+            self.rollout = RolloutManager.from_config(cfg, self.engines, self.env, self.tokenizer)
+        if trainers:
+            run_roles = roles(cfg)
+            self.actor = PolicyGroup(cfg, cfg.model.path, placement=self.placement)
+            if "ref" in run_roles:
+                self.ref = PolicyGroup(cfg, cfg.model.path, trainable=False, placement=self.placement)
+            if "critic" in run_roles:
+                self.critic = CriticGroup(cfg, cfg.model.critic_path or cfg.model.path, self.placement)
+
+    def _init_ray(self, env: bool) -> None:
+        if ray.is_initialized():
+            return
+        # RAY_ADDRESS (slurm/train_scalinginter.sh sets it) joins a running cluster. A local Ray
+        # without GPUs is told of a CPU per bundle even on a smaller machine: the processes share
+        # the cores anyway, as they would unplaced.
+        joining = bool(os.environ.get("RAY_ADDRESS"))
+        cpus = (None if joining or platform.has_cuda()
+                else max(os.cpu_count() or 1, Placement.cpus_needed(self.cfg, with_env=env)))
+        ray.init(address=None if joining else "local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        self._owns_ray = True
+
+    def engines_sleep(self) -> None:
+        """Engines free their device memory (weights, KV cache) for the trainer."""
+        ray.get([e.sleep.remote() for e in self.engines])
+
+    def engines_wake(self) -> None:
+        ray.get([e.wake.remote() for e in self.engines])
+
+    def shutdown(self) -> None:
+        """Stops what was started, in reverse order; safe after a start-up that failed halfway."""
+        for group in (self.critic, self.ref, self.actor):
+            if group is not None:
+                group.shutdown()
+        if self.env is not None:
+            self.env.shutdown()
+        for actor in self.engines + self.env_servers:
+            ray.kill(actor)
+        if self.placement is not None:
+            self.placement.remove()
+        if self._owns_ray:
+            ray.shutdown()
