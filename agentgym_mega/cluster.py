@@ -137,11 +137,12 @@ class TrainerRank:
             self.worker = MegatronActor(hf_dir, self.cfg, trainable=role == "actor")
         self.synchronizer = None
 
-    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-        return self.worker.logprobs(input_ids, temperature=temperature)["logprobs"]
+    def logprobs(self, input_ids: torch.Tensor, temperature: float,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.worker.logprobs(input_ids, temperature=temperature, attention_mask=attention_mask)["logprobs"]
 
-    def values(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.worker.values(input_ids)
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.worker.values(input_ids, attention_mask=attention_mask)
 
     def update_policy(self, batch: dict, temperature: float) -> dict:
         """One optimizer step of the actor on `batch` (input_ids, loss_mask, old_logprobs,
@@ -237,13 +238,16 @@ class PolicyGroup(TrainerGroup):
     def __init__(self, cfg, hf_dir: str, *, trainable: bool = True, placement: Placement | None = None):
         super().__init__(cfg, hf_dir, "actor" if trainable else "ref", placement)
 
-    def logprobs(self, input_ids: torch.Tensor, temperature: float) -> torch.Tensor:
-        """``[B, T]`` log-probs of ``input_ids`` at ``temperature`` (position 0 holds 0)."""
-        return self._call("logprobs", input_ids, temperature)
+    def logprobs(self, input_ids: torch.Tensor, temperature: float,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, T]`` log-probs of ``input_ids`` at ``temperature`` (position 0 holds 0; with an
+        ``attention_mask``, 0 past each micro-batch's longest sequence)."""
+        return self._call("logprobs", input_ids, temperature, attention_mask)
 
     def update(self, batch: dict, temperature: float) -> dict:
         """One optimizer step on ``batch`` (input_ids, loss_mask, old_logprobs, advantages and,
-        with a KL loss, ref_logprobs); returns the step's loss terms, grad norm and lr."""
+        with a KL loss, ref_logprobs; attention_mask optional); returns the step's loss terms,
+        grad norm and lr."""
         return self._call("update_policy", batch, temperature)
 
     def sync_weights(self, engines: list, version: int):
@@ -256,9 +260,9 @@ class CriticGroup(TrainerGroup):
     def __init__(self, cfg, hf_dir: str, placement: Placement | None = None):
         super().__init__(cfg, hf_dir, "critic", placement)
 
-    def values(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, T]`` values, aligned as :mod:`agentgym_mega.models.critic` says."""
-        return self._call("values", input_ids)
+        return self._call("values", input_ids, attention_mask)
 
     def update(self, batch: dict) -> dict:
         """One optimizer step of the clipped value loss on ``batch`` (input_ids, loss_mask,

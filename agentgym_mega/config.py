@@ -202,6 +202,12 @@ class TrainerConfig:
     batch_size: StrictInt = 32
     mini_batch_size: StrictInt = 8
     ppo_epochs: StrictInt = 1
+    # How each rank cuts its share of a batch for the forward/backward passes (log-probs, values,
+    # updates): `micro_batch_size` sequences at a time (null: all at once), or, when
+    # `max_tokens_per_gpu` is set, balanced bins of whole sequences within that many (padded)
+    # tokens. One micro-batch's activations and logits are what a GPU holds at a time.
+    micro_batch_size: Optional[StrictInt] = None
+    max_tokens_per_gpu: Optional[StrictInt] = None
     save_freq: StrictInt = 0  # steps between checkpoints; 0 = only at the end
     output_dir: StrictStr = "runs/default"
     seed: StrictInt = 0
@@ -211,6 +217,11 @@ class TrainerConfig:
             _require(getattr(self, key) >= 1, f"trainer.{key}", getattr(self, key), "an integer >= 1")
         for key in ("warmup_steps", "save_freq"):
             _require(getattr(self, key) >= 0, f"trainer.{key}", getattr(self, key), "an integer >= 0")
+        for key in ("micro_batch_size", "max_tokens_per_gpu"):
+            value = getattr(self, key)
+            _require(value is None or value >= 1, f"trainer.{key}", value, "an integer >= 1, or null")
+        _require(self.micro_batch_size is None or self.max_tokens_per_gpu is None, "trainer.micro_batch_size",
+                 self.micro_batch_size, "null when trainer.max_tokens_per_gpu is set (the token budget decides)")
         _require(self.lr > 0, "trainer.lr", self.lr, "a number > 0")
         _require(0 <= self.min_lr <= self.lr, "trainer.min_lr", self.min_lr, f"a number in [0, trainer.lr={self.lr}]")
         _require(self.grad_clip > 0, "trainer.grad_clip", self.grad_clip, "a number > 0")
@@ -309,6 +320,12 @@ class Config:
                 f"split, or rollout.num_engines * rollout.engine_tp (here {engine_gpus}) <= "
                 f"parallel.world_size={self.parallel.world_size}: colocated engines run on the trainer's GPUs",
             )
+        budget = self.trainer.max_tokens_per_gpu
+        _require(
+            budget is None or budget >= self.rollout.max_model_len, "trainer.max_tokens_per_gpu", budget,
+            f"at least rollout.max_model_len={self.rollout.max_model_len} (a micro-batch holds one whole "
+            "sequence at the least), or null",
+        )
         # Every DP rank trains on an equal slice of each mini-batch (and so of the whole batch).
         per_mini = self.trainer.mini_batch_size * self.rollout.n_per_task
         _require(

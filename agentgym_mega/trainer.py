@@ -28,14 +28,14 @@ def _update(stack: Stack, batch, cfg) -> dict:
         epoch: dict[str, list[float]] = {}
         epochs.append(epoch)
         for mini in batch.split(len(batch) // per_mini):
-            fields = {"input_ids": mini.input_ids, "loss_mask": mini.loss_mask,
+            fields = {"input_ids": mini.input_ids, "attention_mask": mini.attention_mask, "loss_mask": mini.loss_mask,
                       "old_logprobs": mini.old_logprobs, "advantages": mini.advantages}
             if mini.ref_logprobs is not None:
                 fields["ref_logprobs"] = mini.ref_logprobs
             out = {f"actor/{k}": v for k, v in stack.actor.update(fields, cfg.rollout.temperature).items()}
             if stack.critic is not None:
-                critic_fields = {"input_ids": mini.input_ids, "loss_mask": mini.loss_mask,
-                                 "old_values": mini.values, "returns": mini.returns}
+                critic_fields = {"input_ids": mini.input_ids, "attention_mask": mini.attention_mask,
+                                 "loss_mask": mini.loss_mask, "old_values": mini.values, "returns": mini.returns}
                 out |= {f"critic/{k}": v for k, v in stack.critic.update(critic_fields).items()}
             for key, value in out.items():
                 epoch.setdefault(key, []).append(value)
@@ -88,12 +88,12 @@ def train(cfg, resume: bool = False) -> dict:
                                               seed=(cfg.trainer.seed, step) if cfg.rollout.seeded else None)
             stack.engines_sleep()
             with timer("logprob"):
-                batch.old_logprobs = stack.actor.logprobs(batch.input_ids, temperature)
+                batch.old_logprobs = stack.actor.logprobs(batch.input_ids, temperature, batch.attention_mask)
                 if stack.ref is not None:
-                    batch.ref_logprobs = stack.ref.logprobs(batch.input_ids, temperature)
+                    batch.ref_logprobs = stack.ref.logprobs(batch.input_ids, temperature, batch.attention_mask)
             if stack.critic is not None:
                 with timer("values"):
-                    batch.values = stack.critic.values(batch.input_ids)
+                    batch.values = stack.critic.values(batch.input_ids, batch.attention_mask)
             algorithms.compute_advantages(batch, cfg.algorithm)
             with timer("train"):
                 train_metrics = _update(stack, batch, cfg)

@@ -76,9 +76,10 @@ class MegatronActor(ModelWorker):
 
         return self.infer({"input_ids": input_ids}, head, ("logits",), micro_batch_size)["logits"]
 
-    def logprobs(self, input_ids: torch.Tensor, temperature: float = 1.0,
-                 micro_batch_size: int | None = None) -> dict:
-        """``{"logprobs": [B, T], "entropy": [B, T]}`` for ``input_ids [B, T]``."""
+    def logprobs(self, input_ids: torch.Tensor, temperature: float = 1.0, micro_batch_size: int | None = None,
+                 attention_mask: torch.Tensor | None = None) -> dict:
+        """``{"logprobs": [B, T], "entropy": [B, T]}`` for ``input_ids [B, T]`` (with an
+        ``attention_mask``, micro-batches are only as wide as their sequences)."""
         vocab = self.hf_config.vocab_size
 
         def head(logits, mb):
@@ -86,7 +87,8 @@ class MegatronActor(ModelWorker):
                 logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"], vocab, temperature)
             return logp.sum() * 0, {"logprobs": logp, "entropy": ent}
 
-        return self.infer({"input_ids": input_ids}, head, ("logprobs", "entropy"), micro_batch_size)
+        batch = {"input_ids": input_ids} | ({} if attention_mask is None else {"attention_mask": attention_mask})
+        return self.infer(batch, head, ("logprobs", "entropy"), micro_batch_size)
 
     def update(self, batch: dict, loss_fn: PolicyLossFn, temperature: float = 1.0,
                micro_batch_size: int | None = None) -> dict:

@@ -31,12 +31,14 @@ class MegatronCritic(ModelWorker):
     def __init__(self, hf_dir: str, cfg):
         super().__init__(hf_dir, cfg, trainable=True, value_head=True)
 
-    def values(self, input_ids: torch.Tensor, micro_batch_size: int | None = None) -> torch.Tensor:
+    def values(self, input_ids: torch.Tensor, micro_batch_size: int | None = None,
+               attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         def head(out, mb):
             values = state_values(out)
             return values.sum() * 0, {"values": values}
 
-        return self.infer({"input_ids": input_ids}, head, ("values",), micro_batch_size)["values"]
+        batch = {"input_ids": input_ids} | ({} if attention_mask is None else {"attention_mask": attention_mask})
+        return self.infer(batch, head, ("values",), micro_batch_size)["values"]
 
     def update(self, batch: dict, loss_fn: ValueLossFn, micro_batch_size: int | None = None) -> dict:
         return self.train_step(batch, lambda out, mb: loss_fn(state_values(out), mb), micro_batch_size)

@@ -3,9 +3,14 @@ from a Hugging Face directory, run over micro-batches through megatron's pipelin
 when trainable, megatron's DDP, distributed optimizer (grad clipping) and LR scheduler.
 
 Batches are dicts of ``[B, T]`` tensors, right-padded (the causal mask then needs no attention
-mask: padding only follows real tokens). Every rank is handed the whole batch and works on its
-data-parallel slice (``B / dp`` sequences); per-sequence results are broadcast from the last
-pipeline stage and all-gathered over DP, so every rank returns the whole batch's results in order.
+mask: padding only follows real tokens), with an optional ``attention_mask`` giving each
+sequence's real length. Every rank is handed the whole batch and works on its data-parallel slice
+(``B / dp`` sequences), cut into micro-batches (``trainer.micro_batch_size`` sequences, or
+``trainer.max_tokens_per_gpu`` tokens: see :mod:`agentgym_mega.models.micro_batches`), each padded
+only to its own longest sequence; megatron's schedule runs them (pipelined when PP > 1), so no
+more than one micro-batch's logits exist at a time. Per-sequence results are broadcast from the
+last pipeline stage, put back in order and all-gathered over DP, so every rank returns the whole
+batch's results in order, ``[B, T, ...]`` (0 past a sequence's micro-batch width).
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from agentgym_mega.models import checkpoint, gpt, weights
+from agentgym_mega.models.micro_batches import fixed_bins, padded_width, token_bins
 
 # (model output on the last stage, micro-batch) -> (loss, results per sample) when only running
 # forward; when training (loss total, count, metric totals), see ModelWorker.train_step.
@@ -44,6 +51,13 @@ class ModelWorker:
         self.dtype = gpt.resolve_dtype(cfg.model.dtype)
         self.value_head = value_head
         model = gpt.build_gpt(self.hf_config, self.layout, self.dtype, value_head=value_head)
+        # Micro-batches differ in width (and, with a token budget, in sequences): pipeline
+        # stages then send each activation's shape ahead of it.
+        model.config.variable_seq_lengths = self.layout.pp > 1
+        self.micro_batch_size = cfg.trainer.micro_batch_size
+        self.max_tokens = cfg.trainer.max_tokens_per_gpu
+        # Sequence parallel splits each micro-batch's sequence over the TP ranks.
+        self.width_multiple = self.layout.tp if cfg.parallel.sequence_parallel else 1
         if load_weights:
             weights.load_hf_weights(model, hf_dir, self.hf_config)
         self.optimizer = self.scheduler = None
@@ -129,32 +143,60 @@ class ModelWorker:
         return torch.cat(parts).cpu()
 
     def infer(self, batch: dict, head: HeadFn, keys: tuple, micro_batch_size: int | None = None) -> dict:
-        """Forward only over this rank's DP slice; ``{key: [B, ...]}`` for the whole batch."""
+        """Forward only over this rank's DP slice; ``{key: [B, T, ...]}`` for the whole batch."""
+        local = self.dp_slice(batch)
+        size, seq = local["input_ids"].shape
         with torch.no_grad():
-            results = self.run(self.dp_slice(batch), head, micro_batch_size)
-        return {k: self.dp_gather(torch.cat([r[k] for r in results])) for k in keys}
+            bins, results = self.run(local, head, micro_batch_size)
+        out = {}
+        for key in keys:
+            first = results[0][key]
+            whole = first.new_zeros((size, seq, *first.shape[2:]))
+            for rows, result in zip(bins, results):
+                width = min(result[key].shape[1], seq)
+                whole[rows, :width] = result[key][:, :width]
+            out[key] = self.dp_gather(whole)
+        return out
 
     # -- running micro-batches -------------------------------------------------------------
 
+    def micro_batches(self, lengths: list[int], micro_batch_size: int | None = None) -> list[list[int]]:
+        """Rows of each micro-batch of this rank's slice: ``micro_batch_size`` sequences when
+        given, else the configured token budget or micro-batch size. Token-budget bins are as
+        many on every DP rank (the most any needs), so that all run the same schedule."""
+        if micro_batch_size is None and self.max_tokens is not None:
+            from megatron.core import parallel_state
+
+            bins = token_bins(lengths, self.max_tokens, self.width_multiple)
+            most = torch.tensor([len(bins)], device=next(self.model.parameters()).device)
+            dist.all_reduce(most, op=dist.ReduceOp.MAX, group=parallel_state.get_data_parallel_group())
+            if int(most) > len(bins):
+                bins = token_bins(lengths, self.max_tokens, self.width_multiple, min_bins=int(most))
+            return bins
+        return fixed_bins(len(lengths), micro_batch_size or self.micro_batch_size)
+
     def run(self, batch: dict, head: HeadFn, micro_batch_size: int | None = None,
-            forward_only: bool = True) -> list[dict]:
+            forward_only: bool = True) -> tuple[list[list[int]], list[dict]]:
         """Runs ``batch`` through the model in micro-batches; ``head`` turns the last stage's
-        output into (loss, per-micro-batch results). Returns the results of each micro-batch on
-        every rank. With ``forward_only=False`` the losses are backpropagated (grads accumulate)."""
+        output into (loss, per-micro-batch results). Returns the rows of each micro-batch and
+        its results, on every rank. With ``forward_only=False`` the losses are backpropagated
+        (grads accumulate)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        input_ids = batch["input_ids"]
-        size, seq = input_ids.shape
-        micro = micro_batch_size or size
-        if size % micro:
-            raise ValueError(f"batch of {size} sequences does not split into micro-batches of {micro}")
+        size, seq = batch["input_ids"].shape
+        mask = batch.get("attention_mask")
+        lengths = mask.sum(-1).tolist() if mask is not None else [seq] * size
+        bins = self.micro_batches([int(n) for n in lengths], micro_batch_size)
         device = next(self.model.parameters()).device
-        positions = torch.arange(seq, device=device).expand(micro, seq)
-        chunks = [{k: v[i: i + micro].to(device) for k, v in batch.items()} for i in range(0, size, micro)]
+        chunks = []
+        for rows in bins:
+            width = padded_width(max(lengths[i] for i in rows), self.width_multiple)
+            chunks.append({k: F.pad(v[rows, :width], (0, max(0, width - seq))).to(device) for k, v in batch.items()})
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
-            output = model(mb["input_ids"], positions, None)
+            ids = mb["input_ids"]
+            output = model(ids, torch.arange(ids.shape[1], device=device).expand_as(ids), None)
             return output, lambda out: head(out, mb)
 
         results = get_forward_backward_func()(
@@ -162,11 +204,12 @@ class ModelWorker:
             data_iterator=iter(chunks),
             model=[self.model],
             num_microbatches=len(chunks),
-            seq_length=seq,
-            micro_batch_size=micro,
+            # shapes of the first micro-batch; later ones send theirs (variable_seq_lengths)
+            seq_length=chunks[0]["input_ids"].shape[1],
+            micro_batch_size=len(bins[0]),
             forward_only=forward_only,
         )
-        return self._from_last_stage(results)
+        return bins, self._from_last_stage(results)
 
     def _from_last_stage(self, results: list[dict]) -> list[dict]:
         from megatron.core import parallel_state
@@ -206,7 +249,7 @@ class ModelWorker:
             return total, count, {"loss": total.detach(), "count": count} | {k: v.detach() for k, v in metrics.items()}
 
         self.zero_grad()
-        results = self.run(self.dp_slice(batch), counted, micro_batch_size, forward_only=False)
+        _, results = self.run(self.dp_slice(batch), counted, micro_batch_size, forward_only=False)
         names = sorted(results[0])
         totals = torch.stack([torch.stack([r[k] for r in results]).double().sum() for k in names])
         totals = totals.to(next(self.model.parameters()).device)

@@ -220,3 +220,57 @@ def kill_during_save(hf_dir: str, root: str) -> None:
 
 if __name__ == "__main__":
     kill_during_save(sys.argv[1], sys.argv[2])
+
+
+LENGTHS = [24, 10, 17, 5, 24, 12, 8, 20]  # real lengths of a ragged batch of 8, right-padded to SEQ
+
+
+def masked_nll(logp, entropy, mb):
+    """Mean NLL of the real tokens after the first (the workers' (total, count, metrics) form)."""
+    mask = mb["loss_mask"]
+    return -(logp * mask).sum(), mask.sum(), {"entropy": (entropy * mask).sum()}
+
+
+def micro_batch_job(tp: int, pp: int, world: int, hf_dir: str) -> dict:
+    """One update of a ragged batch of 8 from the HF weights, per way of cutting it: one
+    micro-batch, micro-batches of 4 and of 2 sequences, and token-budget bins; each with the
+    log-probs before and after (real tokens only), its metrics, and what megatron's schedule was
+    given (function and number of micro-batches)."""
+    from megatron.core import pipeline_parallel
+
+    platform.init_distributed(tp=tp, pp=pp, seed=0)
+    seen = []
+    original = pipeline_parallel.get_forward_backward_func
+
+    def recording():
+        schedule = original()
+
+        def run(**kwargs):
+            seen.append((schedule.__name__, kwargs["num_microbatches"]))
+            return schedule(**kwargs)
+        return run
+
+    pipeline_parallel.get_forward_backward_func = recording
+    ids = tokens(512, batch=len(LENGTHS), seed=4)
+    attention = (torch.arange(SEQ) < torch.tensor(LENGTHS)[:, None]).long()
+    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": attention.float() * (torch.arange(SEQ) > 0)}
+    ways = {"one": (None, None), "4_per_micro": (4, None), "2_per_micro": (2, None), "tokens_48": (None, 48)}
+    out = {}
+    try:
+        for name, (micro, budget) in ways.items():
+            data = {"parallel": {"world_size": world, "tp": tp, "pp": pp},
+                    "rollout": {"max_model_len": 32, "max_tokens_per_turn": 8},
+                    "trainer": {"lr": 3e-3, "grad_clip": 0.5, "batch_size": 4, "mini_batch_size": 4,
+                                "micro_batch_size": micro, "max_tokens_per_gpu": budget}}
+            actor = MegatronActor(hf_dir, validate(data))
+            seen.clear()
+            before = actor.logprobs(ids, attention_mask=attention)["logprobs"]
+            metrics = actor.update(batch, masked_nll)
+            schedules = list(seen)
+            after = actor.logprobs(ids, attention_mask=attention)["logprobs"]
+            out[name] = {"before": before * attention, "after": after * attention, "metrics": metrics,
+                         "schedules": schedules}
+            del actor
+    finally:
+        pipeline_parallel.get_forward_backward_func = original
+    return out
