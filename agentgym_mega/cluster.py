@@ -187,6 +187,12 @@ class TrainerRank:
                 workers_per_engine=self.cfg.rollout.engine_tp, cuda_ipc=cuda_ipc, secret=new_secret())
         return self.synchronizer
 
+    def release_memory(self, params: bool) -> None:
+        self.worker.release_memory(params)
+
+    def restore_memory(self) -> None:
+        self.worker.restore_memory()
+
     def save_checkpoint(self, root: str, step: int, trainer_state: dict) -> str:
         return self.worker.save_checkpoint(root, step, trainer_state)
 
@@ -226,6 +232,15 @@ class TrainerGroup:
         """Loads a checkpoint (or a root's latest) into every rank; returns its trainer state
         (with ``global_step``)."""
         return self._call("load_checkpoint", path)
+
+    def release_memory(self, params: bool = True) -> None:
+        """Frees the ranks' device memory (gradients, optimizer state and, with ``params``, the
+        parameters), keeping what must survive on the host; see models.offload."""
+        self._call("release_memory", params)
+
+    def restore_memory(self) -> None:
+        """Takes back what :meth:`release_memory` freed."""
+        self._call("restore_memory")
 
     def shutdown(self) -> None:
         for r in self.ranks:

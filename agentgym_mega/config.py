@@ -13,7 +13,7 @@ import dataclasses
 import os
 import typing
 import warnings
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import yaml
 from pydantic import ConfigDict, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
@@ -257,6 +257,10 @@ class ClusterConfig:
     while it trains), `split` gives them GPUs of their own; env servers always get CPU bundles."""
 
     placement: Literal["colocated", "split"] = "colocated"
+    # Trainer memory while the engines generate: true releases the actor's, reference's and
+    # critic's device memory (parameters, gradients, optimizer state; kept on the host) for the
+    # rollout and takes it back for training; `auto` = true when colocated on GPUs.
+    offload: Union[Literal["auto"], StrictBool] = "auto"
 
 
 @section

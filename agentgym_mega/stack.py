@@ -46,6 +46,7 @@ class Stack:
         self.actor: PolicyGroup | None = None
         self.ref: PolicyGroup | None = None  # with a KL term
         self.critic: CriticGroup | None = None  # with GAE
+        self.offload = False  # cluster.offload, resolved once the devices are known
         self._owns_ray = False
 
     @classmethod
@@ -72,7 +73,10 @@ class Stack:
 
         cfg = self.cfg
         self._init_ray(env)
-        self.placement = Placement(cfg, gpus=ray.cluster_resources().get("GPU", 0) >= 1, with_env=env)
+        gpus = ray.cluster_resources().get("GPU", 0) >= 1
+        self.placement = Placement(cfg, gpus=gpus, with_env=env)
+        self.offload = cfg.cluster.offload is True or (
+            cfg.cluster.offload == "auto" and gpus and cfg.cluster.placement == "colocated")
         if env:
             self.env_servers, urls, secret = env_servers(cfg, self.placement.env_server)
             self.env = EnvClient(urls, secret=secret)
@@ -110,14 +114,30 @@ class Stack:
         """Engines free their device memory (weights, KV cache) for the trainer."""
         ray.get([e.sleep.remote() for e in self.engines])
 
-    def engines_wake(self) -> None:
-        ray.get([e.wake.remote() for e in self.engines])
+    def engines_wake(self, tags: tuple[str, ...] | None = None) -> None:
+        """Engines take back their memory: all of it, or only `tags` ("weights", "kv_cache")."""
+        ray.get([e.wake.remote(tags) for e in self.engines])
+
+    def trainers(self) -> list:
+        return [g for g in (self.actor, self.ref, self.critic) if g is not None]
+
+    def trainers_release(self, actor_params: bool = True) -> None:
+        """With offload on: every trainer role frees its device memory; without `actor_params`
+        the actor keeps its parameters (a weight sync still reads them)."""
+        if self.offload:
+            for group in self.trainers():
+                group.release_memory(params=actor_params or group is not self.actor)
+
+    def trainers_restore(self) -> None:
+        """With offload on: every trainer role takes its device memory back."""
+        if self.offload:
+            for group in self.trainers():
+                group.restore_memory()
 
     def shutdown(self) -> None:
         """Stops what was started, in reverse order; safe after a start-up that failed halfway."""
-        for group in (self.critic, self.ref, self.actor):
-            if group is not None:
-                group.shutdown()
+        for group in reversed(self.trainers()):
+            group.shutdown()
         if self.env is not None:
             self.env.shutdown()
         for actor in self.engines + self.env_servers:

@@ -1,6 +1,10 @@
 """`agentgym-mega train`: the RL loop, readable top to bottom.
 
 rollout -> old/ref log-probs -> values -> advantages -> updates -> weight sync -> eval -> log -> checkpoint
+
+With cluster.offload the trainer's device memory is released while the engines hold theirs:
+engines sleep -> trainer restored -> log-probs, updates -> trainer released (the actor keeps its
+parameters) -> engine weights woken -> weight sync -> actor parameters released -> KV cache woken.
 """
 
 from __future__ import annotations
@@ -50,9 +54,11 @@ def _update(stack: Stack, batch, cfg) -> dict:
 def _save(stack: Stack, cfg, step: int, sampler: TaskSampler) -> None:
     state = {"sampler_position": sampler.position}
     root = os.path.join(cfg.trainer.output_dir, "checkpoints")
+    stack.trainers_restore()
     stack.actor.save_checkpoint(os.path.join(root, "actor"), step, state)
     if stack.critic is not None:
         stack.critic.save_checkpoint(os.path.join(root, "critic"), step, state)
+    stack.trainers_release()
 
 
 def _resume(stack: Stack, cfg) -> tuple[int, int]:
@@ -71,6 +77,7 @@ def train(cfg, resume: bool = False) -> dict:
         start, position = _resume(stack, cfg) if resume else (1, 0)
         if resume:  # the engines started from the HF weights: give them the checkpoint's
             stack.actor.sync_weights(stack.engines, start - 1)
+        stack.trainers_release()  # the engines generate first
         sampler = TaskSampler(stack.tasks, cfg.trainer.seed, position)
         logger = MetricsLogger(cfg.trainer.output_dir, cfg.logging)
         evaluate = _evaluator(stack, cfg)
@@ -87,6 +94,7 @@ def train(cfg, resume: bool = False) -> dict:
                 batch = stack.rollout.collect(sampler.next(cfg.trainer.batch_size), cfg.rollout.n_per_task, turn_cap,
                                               seed=(cfg.trainer.seed, step) if cfg.rollout.seeded else None)
             stack.engines_sleep()
+            stack.trainers_restore()
             with timer("logprob"):
                 batch.old_logprobs = stack.actor.logprobs(batch.input_ids, temperature, batch.attention_mask)
                 if stack.ref is not None:
@@ -97,9 +105,12 @@ def train(cfg, resume: bool = False) -> dict:
             algorithms.compute_advantages(batch, cfg.algorithm)
             with timer("train"):
                 train_metrics = _update(stack, batch, cfg)
-            stack.engines_wake()
+            stack.trainers_release(actor_params=False)
+            stack.engines_wake(("weights",))
             with timer("sync"):
                 synced = stack.actor.sync_weights(stack.engines, step)
+            stack.trainers_release()
+            stack.engines_wake(("kv_cache",))
             tokens = int(batch.attention_mask.sum())
             metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | stack.rollout.timings
                        | sync_metrics(synced)

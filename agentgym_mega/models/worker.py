@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from agentgym_mega.models import checkpoint, gpt, weights
+from agentgym_mega.models import checkpoint, gpt, offload, weights
 from agentgym_mega.models.micro_batches import fixed_bins, padded_width, token_bins
 
 # (model output on the last stage, micro-batch) -> (loss, results per sample) when only running
@@ -61,6 +61,7 @@ class ModelWorker:
         if load_weights:
             weights.load_hf_weights(model, hf_dir, self.hf_config)
         self.optimizer = self.scheduler = None
+        self._released: list = []  # what release_memory freed, for restore_memory
         if not trainable:
             model.eval()
             model.requires_grad_(False)
@@ -257,6 +258,31 @@ class ModelWorker:
         sums = dict(zip(names, totals.tolist()))
         count = max(sums.pop("count"), 1.0)
         return {k: v / count for k, v in sums.items()} | self.step()
+
+    # -- device memory while the engines generate (cluster.offload) ------------------------
+
+    def release_memory(self, params: bool = True) -> None:
+        """Frees this role's device memory: gradient buffers (discarded), optimizer state and
+        fp32 main parameters (kept on the host) and, with ``params``, the parameters (kept on the
+        host). May be called again to release the parameters later (after a weight sync)."""
+        keep, drop = [], []
+        if self.optimizer is not None:
+            for inner in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+                keep += [p for group in inner.optimizer.param_groups for p in group["params"]]
+                keep += [v for state in inner.optimizer.state.values() for v in state.values()
+                         if isinstance(v, torch.Tensor)]
+            drop += [b.grad_data for b in self.model.buffers + self.model.expert_parallel_buffers]
+        if params:
+            keep += list(self.model.parameters())
+        else:  # parameters stay: their storage may hold main parameters too (fp32 training)
+            resident = {p.untyped_storage().data_ptr() for p in self.model.parameters()}
+            keep = [t for t in keep if t.untyped_storage().data_ptr() not in resident]
+        self._released += offload.release(keep, drop)
+
+    def restore_memory(self) -> None:
+        """Takes back everything :meth:`release_memory` freed, bytes as they were."""
+        offload.restore(self._released)
+        self._released = []
 
     # -- weights out and checkpoints -------------------------------------------------------
 

@@ -69,6 +69,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 import zmq
 
@@ -353,7 +354,9 @@ class ZmqWeightSender:
                         "specs": {i: dataclasses.astuple(s) for i, s in bucket.specs.items()},
                         "segments": [dataclasses.astuple(s) for s in bucket.segments],
                     }).encode()
-                    self._send(peers, [header, *(p.numpy() for p in bucket.payloads)])
+                    # DLPack, not .numpy(): zero-copy either way, but .numpy() marks the storage
+                    # unresizable for good, and models.offload frees parameters by resizing theirs
+                    self._send(peers, [header, *(np.from_dlpack(p) for p in bucket.payloads)])
                     count += len(bucket.specs)
                     params += sum(s.numel for s in bucket.specs.values())
                     sent += sum(s.nbytes for s in bucket.segments)

@@ -274,3 +274,61 @@ def micro_batch_job(tp: int, pp: int, world: int, hf_dir: str) -> dict:
     finally:
         pipeline_parallel.get_forward_backward_func = original
     return out
+
+
+def _freed(tensors) -> bool:
+    return all(t.untyped_storage().nbytes() == 0 for t in tensors)
+
+
+def offload_job(hf_dir: str) -> dict:
+    """TP=2: an actor taking two updates with its memory released and restored in between (as
+    the loop does: optimizer and gradients first, parameters after the weight sync), against one
+    taking them without; what the release freed; the reference policy's log-probs across a
+    release; and the critic's update across one."""
+    platform.init_distributed(tp=2, pp=1, seed=0)
+    cfg = make_config(2, 1, 2)
+    ids = tokens(512, batch=4, seed=5)
+    batch = {"input_ids": ids}
+    plain = MegatronActor(hf_dir, cfg)
+    plain_metrics = [plain.update(batch, sft_loss) for _ in range(2)]
+    plain_after = {k: v.clone() for k, v in plain.export_hf()}
+    del plain
+
+    actor = MegatronActor(hf_dir, cfg)
+    metrics = [actor.update(batch, sft_loss)]
+    inner = actor.optimizer.chained_optimizers[0].optimizer
+    moments = [v for state in inner.state.values() for v in state.values() if v.dim() > 0]
+    grads = [b.grad_data for b in actor.model.buffers]
+    params = list(actor.model.parameters())
+    actor.release_memory(params=False)
+    freed = {"moments": _freed(moments), "grads": _freed(grads), "params_kept": not _freed(params)}
+    exported_while_released = {k: v.clone() for k, v in actor.export_hf()}  # a weight sync reads these
+    actor.release_memory(params=True)
+    freed["params"] = _freed(params)
+    actor.restore_memory()
+    freed["restored"] = not any(_freed(t) for t in (moments, grads, params))
+    metrics.append(actor.update(batch, sft_loss))
+    after = {k: v.clone() for k, v in actor.export_hf()}
+    del actor
+
+    ref = MegatronActor(hf_dir, cfg, trainable=False)
+    ref_before = ref.logprobs(ids)["logprobs"]
+    ref.release_memory()
+    freed["ref_params"] = _freed(list(ref.model.parameters()))
+    ref.restore_memory()
+    ref_after = ref.logprobs(ids)["logprobs"]
+    del ref
+
+    critic_losses = {}
+    for released in (False, True):
+        critic = MegatronCritic(hf_dir, cfg)
+        losses = [fit_values(critic, range(1), ids)[0]["loss"]]
+        if released:
+            critic.release_memory()
+            critic.restore_memory()
+        losses.append(fit_values(critic, range(1), ids)[0]["loss"])
+        critic_losses[released] = losses
+        del critic
+    return {"plain_metrics": plain_metrics, "plain_after": plain_after, "metrics": metrics, "after": after,
+            "exported_while_released": exported_while_released, "freed": freed,
+            "ref_before": ref_before, "ref_after": ref_after, "critic_losses": critic_losses}

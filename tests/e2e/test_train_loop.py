@@ -31,6 +31,8 @@ def test_two_steps_then_resume(tmp_path):
         "horizon.schedule=scaling_inter", "horizon.caps=[1,2,3]", "horizon.interval=1",
         "trainer.total_steps=2", "trainer.batch_size=2", "trainer.mini_batch_size=1", "trainer.lr=0.01",
         "trainer.save_freq=1", f"trainer.output_dir={run_dir}", "logging.progress_bar=false",
+        # the colocated-GPU memory lifecycle on CPU: released for the rollout, restored to train
+        "cluster.offload=true",
     ]
     config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "base.yaml")
     result = run_cli("train", "--config", config, *overrides, timeout=900)

@@ -45,8 +45,10 @@ class InferenceEngine(abc.ABC):
         """Releases accelerator memory (weights, KV cache) while the trainer uses the device."""
 
     @abc.abstractmethod
-    def wake(self) -> None:
-        """Takes the memory back before generation."""
+    def wake(self, tags: tuple[str, ...] | None = None) -> None:
+        """Takes the memory back before generation: all of it, or only `tags` ("weights" before
+        a weight sync, "kv_cache" after it, so the trainer's memory is gone before the cache
+        grows back)."""
 
     @abc.abstractmethod
     def health(self) -> dict:

@@ -98,10 +98,11 @@ class VLLMEngine(InferenceEngine):
             self.llm.sleep(level=1)
         self.sleeping = True
 
-    def wake(self) -> None:
+    def wake(self, tags: tuple[str, ...] | None = None) -> None:
         if self._gpu and self.sleeping:
-            self.llm.wake_up()
-        self.sleeping = False
+            self.llm.wake_up(tags=list(tags) if tags else None)
+        # asleep until the KV cache is back: a weights-only wake still cannot generate
+        self.sleeping = bool(tags) and "kv_cache" not in tags
 
     def health(self) -> dict:
         return {"alive": True, "version": self.version, "sleeping": self.sleeping, "node": reachable_ip()}
