@@ -59,20 +59,27 @@ def raw_zmq_gbps(total_bytes: int, frame_bytes: int) -> float:
     return total_bytes / seconds / 1e9
 
 
+def config(trained: str, tp: int, bucket_mb: int):
+    """The run the benchmark starts: the actor at TP=`tp` holding `trained`, one engine, no env
+    servers, no reference policy."""
+    from agentgym_mega.config import load_config
+
+    return load_config(None, [f"model.path={trained}", f"parallel.world_size={tp}", f"parallel.tp={tp}",
+                              "model.dtype=float32", "trainer.lr=1e-4", "algorithm.kl_coef=0.0",
+                              "rollout.max_model_len=512", "rollout.max_tokens_per_turn=64",
+                              "weight_sync.transport=ipc", f"weight_sync.bucket_mb={bucket_mb}"])
+
+
 def run(tp: int = 2, bucket_mb: int = 64, repeats: int = 3) -> dict:
     import statistics
 
-    from agentgym_mega.config import load_config
     from agentgym_mega.models.tiny import TinySpec, make_tiny_model
     from agentgym_mega.stack import Stack
 
     with tempfile.TemporaryDirectory() as tmp:
         start_model = make_tiny_model(f"{tmp}/start", TinySpec(arch="qwen2", seed=0, **BENCH_MODEL))
         trained = make_tiny_model(f"{tmp}/trained", TinySpec(arch="qwen2", seed=1, **BENCH_MODEL))
-        cfg = load_config(None, [f"model.path={trained}", f"parallel.world_size={tp}", f"parallel.tp={tp}",
-                                 "model.dtype=float32", "trainer.lr=1e-4", "algorithm.kl_coef=0.0",
-                                 "rollout.max_model_len=512", "weight_sync.transport=ipc",
-                                 f"weight_sync.bucket_mb={bucket_mb}"])
+        cfg = config(trained, tp, bucket_mb)
         # The trainer holds different weights than the engine started with, so the sync must
         # really move them for the log-probs to agree afterwards. The engine has started before
         # the first sync: the clock times the sync, not vLLM's start-up.

@@ -91,3 +91,13 @@ def test_bench_learn_keeps_the_demo_schedule_in_proportion(tmp_path):
     assert cfg.horizon.interval == demo.horizon.interval // 2 and cfg.eval.freq == demo.eval.freq // 2
     assert cfg.eval.at_start and cfg.trainer.output_dir == str(tmp_path)
     assert cfg.horizon.caps == demo.horizon.caps and cfg.env.categories == demo.env.categories
+
+
+def test_bench_sync_config_is_valid_and_starts_no_reference():
+    # the benchmark's settings must pass validation (an invalid pair once broke it unnoticed)
+    from agentgym_mega.bench.sync import config
+    from agentgym_mega.cluster import roles
+
+    cfg = config("/models/trained", tp=2, bucket_mb=64)
+    assert (cfg.parallel.tp, cfg.weight_sync.bucket_mb, cfg.model.path) == (2, 64, "/models/trained")
+    assert roles(cfg) == ("actor",) and cfg.weight_sync.transport == "ipc"
