@@ -109,12 +109,16 @@ def _restore_adam_steps(optimizer) -> None:
     """megatron-core 0.16 restores torch Adam's step count into the param groups, then writes the
     pre-load value back into each parameter's ``step`` (it treats it as local state) and leaves
     one ``step`` tensor shared by all parameters, which Adam's foreach update would then increment
-    once per parameter. Give each parameter its own tensor holding the checkpoint's count."""
+    once per parameter. Give each parameter its own tensor holding the checkpoint's count.
+    Fused optimizers (Transformer Engine's and Apex's FusedAdam) keep the count in the param
+    group alone, where megatron restored it: their per-parameter state has no ``step``."""
     for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
         for group in inner.optimizer.param_groups:
-            if "step" in group:
-                for param in group["params"]:
-                    state = inner.optimizer.state[param]
+            if "step" not in group:
+                continue
+            for param in group["params"]:
+                state = inner.optimizer.state[param]
+                if "step" in state:
                     state["step"] = torch.full_like(state["step"], group["step"])
 
 

@@ -76,22 +76,41 @@ def rope_settings(hf_config) -> dict:
     return out
 
 
-def transformer_config(hf_config, layout: Layout, dtype: torch.dtype):
-    from megatron.core.transformer import TransformerConfig
-
+def check_architecture(hf_config) -> mapping.Architecture:
+    """The architecture's mapping table; refuses, naming the key, what the model builder cannot
+    build (also used by the memory planner, which has no megatron to ask)."""
     arch = mapping.architecture(hf_config)
-    geo = mapping.Geometry.of(hf_config, padded_vocab=0)
-    if hf_config.hidden_act != "silu":
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise mapping.MappingError(f"hidden_act={hf_config.hidden_act!r}: only silu (SwiGLU) is mapped")
     if getattr(hf_config, "use_sliding_window", False):
         raise mapping.MappingError("use_sliding_window=true: sliding-window attention is not mapped")
-    if geo.layers % layout.pp:
+    rope_settings(hf_config)
+    return arch
+
+
+def check_split(layers: int, kv_heads: int, ffn: int, tp: int, pp: int) -> None:
+    """Refuses, naming the config key, a TP/PP split megatron cannot make of these layers."""
+    if layers % pp:
+        raise mapping.MappingError(f"num_hidden_layers={layers} does not split evenly over pp={pp} stages")
+    if kv_heads % tp:
         raise mapping.MappingError(
-            f"num_hidden_layers={geo.layers} does not split evenly over pp={layout.pp} stages")
-    if geo.kv_heads % layout.tp:
+            f"num_key_value_heads={kv_heads} is not divisible by tp={tp}: megatron gives each TP rank "
+            "whole query groups")
+    if ffn % tp:
         raise mapping.MappingError(
-            f"num_key_value_heads={geo.kv_heads} is not divisible by tp={layout.tp}: megatron "
-            "gives each TP rank whole query groups")
+            f"intermediate_size={ffn} is not divisible by tp={tp}: megatron splits the MLP evenly over TP ranks")
+
+
+def _leave_uninitialised(weight: torch.Tensor) -> None:
+    """megatron's init method for weights that are loaded next."""
+
+
+def transformer_config(hf_config, layout: Layout, dtype: torch.dtype):
+    from megatron.core.transformer import TransformerConfig
+
+    arch = check_architecture(hf_config)
+    geo = mapping.Geometry.of(hf_config, padded_vocab=0)
+    check_split(geo.layers, geo.kv_heads, geo.ffn, layout.tp, layout.pp)
     if layout.sequence_parallel and not te_available():
         raise mapping.MappingError(
             "parallel.sequence_parallel=true needs Transformer Engine (megatron's local layer spec "
@@ -114,11 +133,17 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype):
         add_qkv_bias=arch.qkv_bias,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        init_method_std=getattr(hf_config, "initializer_range", 0.02),
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         sequence_parallel=layout.sequence_parallel,
-        use_cpu_initialization=True,
+        # Each rank allocates only its shard, on its device (megatron's CPU initialisation would
+        # build every full-size fp32 matrix first, to split it). The weights are filled from HF
+        # or a checkpoint right after, so drawing random ones is skipped; initialisation itself
+        # stays on, as it is what marks each tensor's TP split for gradient clipping.
+        use_cpu_initialization=False,
+        init_method=_leave_uninitialised,
+        output_layer_init_method=_leave_uninitialised,
+        embedding_init_method=_leave_uninitialised,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
@@ -196,8 +221,8 @@ def value_gpt_model() -> type:
 
 
 def build_gpt(hf_config, layout: Layout, dtype: torch.dtype, value_head: bool = False):
-    """This rank's ``GPTModel`` for ``hf_config`` (random init; load weights with
-    :mod:`agentgym_mega.models.weights`). ``value_head``: the critic's scalar head replaces the
+    """This rank's ``GPTModel`` for ``hf_config``, uninitialised (fill it from
+    :mod:`agentgym_mega.models.weights` or a checkpoint). ``value_head``: the critic's scalar head replaces the
     LM head, and embeddings are never tied."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel, gpt_layer_specs

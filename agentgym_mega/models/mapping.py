@@ -172,34 +172,90 @@ class Geometry:
         return table.get(key, (h,))  # everything else is a norm weight
 
 
-def _split(t: torch.Tensor, parts: int, dim: int, name: str) -> tuple[torch.Tensor, ...]:
-    if t.shape[dim] % parts:
-        raise MappingError(f"{name}: dim {dim} of shape {tuple(t.shape)} does not split into {parts} TP shards")
-    return t.chunk(parts, dim)
+def _rows(rows: int, parts: int, rank: int, name: str) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous ``[start, stop)`` of ``rows`` split into ``parts`` equal shares."""
+    if rows % parts:
+        raise MappingError(f"{name}: {rows} rows or columns do not split into {parts} TP shards")
+    share = rows // parts
+    return rank * share, (rank + 1) * share
+
+
+def shard_reads(rule: Rule, geo: Geometry, tp_rank: int, tp_size: int) -> list[tuple[int, int, int] | None]:
+    """What this TP rank's shard needs of each of the rule's HF tensors: ``(dim, start, stop)``,
+    a contiguous range along one dimension, or None for the whole tensor. A loader reads just
+    that (safetensors ``get_slice``) and :func:`assemble` builds the shard from the pieces."""
+    name = rule.megatron
+    if rule.layout == "replicated":
+        return [None]
+    if rule.layout == "row":
+        return [(1, *_rows(geo.hf_shape(rule.hf[0])[1], tp_size, tp_rank, name))]
+    if rule.layout == "vocab":
+        # Rows past the real vocabulary are padding: the last ranks may read few rows or none.
+        start, stop = _rows(geo.padded_vocab, tp_size, tp_rank, name)
+        return [(0, min(start, geo.vocab), min(stop, geo.vocab))]
+    if rule.layout == "qkv":
+        # Each rank holds whole query groups: its heads' rows of q and its groups' rows of k and v.
+        first, last = _rows(geo.kv_heads, tp_size, tp_rank, name)
+        q_rows = geo.heads // geo.kv_heads * geo.head_dim
+        kv = (0, first * geo.head_dim, last * geo.head_dim)
+        return [(0, first * q_rows, last * q_rows), kv, kv]
+    if rule.layout == "gate_up":
+        return [(0, *_rows(geo.ffn, tp_size, tp_rank, name))] * 2
+    raise MappingError(f"{name}: unknown layout {rule.layout!r}")
+
+
+def read(tensor: torch.Tensor, part: tuple[int, int, int] | None) -> torch.Tensor:
+    """``tensor`` cut as :func:`shard_reads` says (what a slicing loader reads from disk)."""
+    if part is None:
+        return tensor
+    dim, start, stop = part
+    return tensor.narrow(dim, start, stop - start)
+
+
+def shard_shape(rule: Rule, pieces: list[torch.Tensor], geo: Geometry, tp_size: int) -> tuple[int, ...]:
+    """The shape of the megatron shard :func:`assemble` builds from ``pieces``."""
+    tail = tuple(pieces[0].shape[1:])
+    if rule.layout == "vocab":
+        return (geo.padded_vocab // tp_size, *tail)
+    if rule.layout in ("qkv", "gate_up"):
+        return (sum(p.shape[0] for p in pieces), *tail)
+    return tuple(pieces[0].shape)
+
+
+def assemble(rule: Rule, pieces: list[torch.Tensor], geo: Geometry, tp_size: int, out: torch.Tensor) -> None:
+    """Writes the megatron shard made of the pieces :func:`shard_reads` named (in the rule's HF
+    order) into ``out``, with no full-size temporary."""
+    shape = shard_shape(rule, pieces, geo, tp_size)
+    if tuple(out.shape) != shape:
+        raise MappingError(f"{rule.megatron}: mapped shard {shape} != parameter {tuple(out.shape)}")
+    if rule.layout in ("replicated", "row"):
+        out.copy_(pieces[0])
+    elif rule.layout == "vocab":
+        rows = pieces[0].shape[0]
+        out[:rows].copy_(pieces[0])
+        out[rows:].zero_()
+    elif rule.layout == "qkv":
+        groups = geo.kv_heads // tp_size
+        fused = out.view(groups, -1, *shape[1:])
+        start = 0
+        for piece in pieces:
+            piece = piece.reshape(groups, -1, *shape[1:])
+            fused[:, start:start + piece.shape[1]].copy_(piece)
+            start += piece.shape[1]
+    elif rule.layout == "gate_up":
+        gate, up = pieces
+        out[: gate.shape[0]].copy_(gate)
+        out[gate.shape[0]:].copy_(up)
+    else:
+        raise MappingError(f"{rule.megatron}: unknown layout {rule.layout!r}")
 
 
 def to_megatron(rule: Rule, tensors: list[torch.Tensor], geo: Geometry, tp_rank: int, tp_size: int) -> torch.Tensor:
     """Full HF tensors -> this TP rank's shard of the megatron parameter."""
-    name = rule.megatron
-    if rule.layout == "replicated":
-        return tensors[0]
-    if rule.layout == "row":
-        return _split(tensors[0], tp_size, 1, name)[tp_rank]
-    if rule.layout == "vocab":
-        t = tensors[0]
-        padded = t.new_zeros((geo.padded_vocab, *t.shape[1:]))
-        padded[: t.shape[0]] = t
-        return _split(padded, tp_size, 0, name)[tp_rank]
-    if rule.layout == "qkv":
-        q, k, v = tensors
-        g = geo.kv_heads
-        fused = torch.cat([q.reshape(g, -1, *q.shape[1:]), k.reshape(g, -1, *k.shape[1:]),
-                           v.reshape(g, -1, *v.shape[1:])], dim=1)
-        return _split(fused.reshape(-1, *q.shape[1:]), tp_size, 0, name)[tp_rank]
-    if rule.layout == "gate_up":
-        gate, up = tensors
-        return torch.cat([_split(gate, tp_size, 0, name)[tp_rank], _split(up, tp_size, 0, name)[tp_rank]])
-    raise MappingError(f"{name}: unknown layout {rule.layout!r}")
+    pieces = [read(t, part) for t, part in zip(tensors, shard_reads(rule, geo, tp_rank, tp_size))]
+    out = pieces[0].new_empty(shard_shape(rule, pieces, geo, tp_size))
+    assemble(rule, pieces, geo, tp_size, out)
+    return out
 
 
 def _cat(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Moving weights between Hugging Face safetensors and a (TP/PP-sharded) megatron ``GPTModel``,
 through the architecture's table in :mod:`agentgym_mega.models.mapping`.
 
-* :func:`load_hf_weights`: every rank reads the HF tensors its parameters need and keeps its shard.
+* :func:`load_hf_weights`: every rank reads the slices of the HF tensors its parameters need.
 * :func:`export_hf`: yields ``(hf_name, full tensor)`` on the model-parallel group's first rank,
   gathering TP shards and PP stages to it; the weight synchroniser streams these, :func:`save_hf`
   writes them.
@@ -60,18 +60,22 @@ class HFCheckpoint:
         else:
             raise MappingError(f"{hf_dir}: no model.safetensors or {SAFETENSORS_INDEX}")
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str, part: tuple[int, int, int] | None = None) -> torch.Tensor:
+        """The tensor ``name``, or only ``part`` of it (``(dim, start, stop)``, see
+        :func:`mapping.shard_reads`): a slice read from the file, never the whole tensor."""
         from safetensors import safe_open
 
         if name not in self.files:
             raise MappingError(f"{name}: missing from {self.dir}")
         with safe_open(self.files[name], framework="pt") as f:
-            tensor = f.get_tensor(name)
-        expected = self.geometry.hf_shape(name)
-        if tuple(tensor.shape) != expected:
-            raise MappingError(
-                f"{name}: shape {tuple(tensor.shape)} in {self.files[name]}, config.json implies {expected}")
-        return tensor
+            view = f.get_slice(name)
+            shape, expected = tuple(view.get_shape()), self.geometry.hf_shape(name)
+            if shape != expected:
+                raise MappingError(f"{name}: shape {shape} in {self.files[name]}, config.json implies {expected}")
+            if part is None:
+                return view[:]
+            dim, start, stop = part
+            return view[(slice(None),) * dim + (slice(start, stop),)]
 
 
 def global_rules(hf_config, te_spec: bool) -> dict[str, mapping.Rule]:
@@ -142,7 +146,8 @@ def value_model_config(hf_config: dict) -> dict:
 @torch.no_grad()
 def load_hf_weights(model, hf_dir: str, hf_config) -> None:
     """Fills this rank's shard of every parameter from an HF directory (the critic's value head
-    excepted). Stops at the first tensor that is missing or of the wrong shape, naming it."""
+    excepted), reading from each file only the slices the shard needs. Stops at the first tensor
+    that is missing or of the wrong shape, naming it."""
     from megatron.core import parallel_state
 
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -157,10 +162,8 @@ def load_hf_weights(model, hf_dir: str, hf_config) -> None:
             table = mapping.architecture(hf_config).hf_name
             raise MappingError(f"{name}: megatron parameter with no rule in the {table} table")
         rule = rules[name]
-        shard = mapping.to_megatron(rule, [source.get(h) for h in rule.hf], geo, tp_rank, tp_size)
-        if shard.shape != param.shape:
-            raise MappingError(f"{name}: mapped shard {tuple(shard.shape)} != parameter {tuple(param.shape)}")
-        param.copy_(shard)
+        parts = mapping.shard_reads(rule, geo, tp_rank, tp_size)
+        mapping.assemble(rule, [source.get(h, p) for h, p in zip(rule.hf, parts)], geo, tp_size, out=param)
 
 
 def _stage_of_each_param(local_names: set[str]) -> dict[str, int]:

@@ -23,3 +23,13 @@ def megatron_models(tmp_path_factory) -> dict:
     with open(path, "w") as f:
         json.dump(config, f, indent=2)
     return {"qwen2": qwen2, "llama": llama}
+
+
+@pytest.fixture(scope="session")
+def model_100m(tmp_path_factory) -> str:
+    """A ~95M-parameter Llama (12 layers, hidden 768, 12 heads, 4 KV heads, vocab 8192, untied;
+    380 MB fp32): big enough that weights, not the interpreter, dominate a rank's memory."""
+    from agentgym_mega.models.tiny import TinySpec, make_tiny_model
+
+    spec = TinySpec(arch="llama", layers=12, hidden=768, heads=12, kv_heads=4, vocab=8192, init_std=0.02)
+    return make_tiny_model(str(tmp_path_factory.mktemp("model-100m") / "llama-100m"), spec)

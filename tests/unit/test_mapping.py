@@ -107,3 +107,44 @@ def test_hf_checkpoint_names_missing_and_misshapen_tensors(tmp_path):
         source.get("lm_head.weight")
     with pytest.raises(MappingError, match="no model.safetensors"):
         weights.HFCheckpoint(str(tmp_path / "nowhere"), GEO)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_shard_reads_cover_each_hf_tensor_once_across_ranks(tp):
+    """A rank reads its share of every split tensor, never the whole; together the ranks read each
+    element once (the vocabulary's padding rows are read by nobody)."""
+    geo = mapping.Geometry(hidden=8, heads=8, kv_heads=4, head_dim=2, ffn=8, vocab=10, padded_vocab=16, layers=1)
+    for rule in mapping.ARCHITECTURES["Qwen2ForCausalLM"].rules:
+        rule = rule.at(0)
+        for i, hf in enumerate(rule.hf):
+            shape = geo.hf_shape(hf)
+            seen = torch.zeros(shape, dtype=torch.int32)
+            for rank in range(tp):
+                part = mapping.shard_reads(rule, geo, rank, tp)[i]
+                mapping.read(seen, part).add_(1)
+            expected = tp if rule.layout == "replicated" else 1
+            assert bool((seen == expected).all()), (rule.megatron, hf)
+
+
+def test_hf_checkpoint_reads_a_slice_from_the_file(tmp_path):
+    from safetensors.torch import save_file
+
+    full = torch.arange(10 * 8, dtype=torch.float32).reshape(10, 8)
+    save_file({"model.embed_tokens.weight": full, "model.layers.0.self_attn.o_proj.weight": full[:8].clone()},
+              str(tmp_path / "model.safetensors"))
+    source = weights.HFCheckpoint(str(tmp_path), GEO)
+    assert torch.equal(source.get("model.embed_tokens.weight", (0, 3, 7)), full[3:7])
+    assert torch.equal(source.get("model.layers.0.self_attn.o_proj.weight", (1, 4, 8)), full[:8, 4:8])
+    assert torch.equal(source.get("model.embed_tokens.weight"), full)
+
+
+def test_te_names_are_megatron_local_spec_checkpoint_names():
+    """megatron's local layer spec saves (and loads) its norms under the TE spec's fused names, the
+    translation TE_NAMES states: a checkpoint written on either spec loads on the other."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    keys_map = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm").submodules.sharded_state_dict_keys_map
+    for local, te in mapping.TE_NAMES.items():
+        prefix = local.removesuffix("weight")
+        assert keys_map[prefix] + "weight" == te
+    assert len(keys_map) == len(mapping.TE_NAMES)
