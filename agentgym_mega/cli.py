@@ -210,6 +210,45 @@ def _cmd_eval(args) -> int:
     return 0
 
 
+def _add_plan(sub) -> None:
+    p = _command(
+        sub, "plan", func=_cmd_plan,
+        help="plan a config's device memory per GPU and say whether it fits (no GPU, no weights)",
+        description=(
+            "Reads the config (with overrides) and the model's config.json (model.path, else\n"
+            "model.architecture; no weights) and prints, per GPU, the bytes of each role: the actor's,\n"
+            "reference's and critic's parameters, fp32 gradient buffers, Adam state sharded over DP,\n"
+            "activations of one micro-batch (with parallel.recompute) and log-prob peak; the engines'\n"
+            "weights and KV cache within rollout.gpu_memory_utilization. Then the peak of each phase of\n"
+            "the loop (start-up/resume, rollout, training, weight sync) for the colocated or split\n"
+            "placement, against --gpu-mem-gb less 5% headroom (decimal GB: an 80 GB H100 has 85.5).\n"
+            "A layout that does not fit, or that megatron or vLLM refuses, exits 2 with the reason and\n"
+            "up to 3 nearest layouts that fit, as overrides to paste. The model of memory is in\n"
+            "agentgym_mega/memory_plan.py and README.md (\"Planning memory\")."
+        ),
+    )
+    p.add_argument("--config", required=True, help="YAML config (e.g. configs/recipes/*.yaml)")
+    p.add_argument("--gpus-per-node", type=_COUNT, default=8, help="GPUs per node (default 8)")
+    p.add_argument("--gpu-mem-gb", type=_bounded(float, 0, "a number of GB > 0"), default=80.0,
+                   help="memory of one GPU in decimal GB (default 80)")
+    p.add_argument("--nodes", type=_COUNT, help="nodes available (default: as many as the layout needs)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (bytes) instead of tables")
+    _overrides_option(p)
+
+
+def _cmd_plan(args) -> int:
+    from agentgym_mega import memory_plan
+    from agentgym_mega.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    hf, source = memory_plan.read_architecture(cfg.model)
+    result = memory_plan.plan(cfg, hf, args.gpus_per_node, args.gpu_mem_gb, args.nodes, source)
+    print(json.dumps(result, indent=2) if args.json else memory_plan.render(result))
+    if not result["fits"]:
+        raise BadInput(memory_plan.refusal(result["reason"], result["nearest"]))
+    return 0
+
+
 def _add_make_tiny_model(sub) -> None:
     p = _command(
         sub, "make-tiny-model", func=_cmd_make_tiny_model,
@@ -396,11 +435,13 @@ def _add_bench(sub) -> None:
             "  rollout   generation tokens/s through the engine wrapper vs vLLM called directly\n"
             "  sync      weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity\n"
             "  env       environment server steps/s and latency, per-request vs batched\n"
-            "  learn     held-out success before and after RL on the CPU demo's task, per estimator"
+            "  learn     held-out success before and after RL on the CPU demo's task, per estimator\n"
+            "  startup   host memory and time of building and loading a rank's shard, TP=1 vs TP=2"
         ),
     )
     benches = p.add_subparsers(dest="bench", required=True, metavar="<benchmark>")
-    for add in (_add_bench_train, _add_bench_rollout, _add_bench_sync, _add_bench_env, _add_bench_learn):
+    for add in (_add_bench_train, _add_bench_rollout, _add_bench_sync, _add_bench_env, _add_bench_learn,
+                _add_bench_startup):
         add(benches)
 
 
@@ -509,6 +550,24 @@ def _add_bench_learn(benches) -> None:
     _json_option(b, _BENCH_JSON)
 
 
+def _add_bench_startup(benches) -> None:
+    b = _command(
+        benches, "startup", run=lambda a: _bench("startup").run(a.model, a.trainable),
+        help="host memory and time of a rank's start-up (build + load its shard), TP=1 vs TP=2",
+        description=(
+            "Builds the megatron actor from an HF directory on one rank and on two TP ranks (local\n"
+            "gloo ranks) and reports, per rank, the host memory the start-up adds (peak RSS over RSS\n"
+            "before it, after the imports), the shard's bytes and the seconds; and tp2_share_of_tp1,\n"
+            "the larger TP=2 rank's figure over the TP=1 one (0.5 is ideal: each rank reads and holds\n"
+            "only its half). Default model: a fresh ~95M-parameter tiny Llama (fp32)."
+        ),
+    )
+    _json_option(b, _BENCH_JSON)
+    b.add_argument("--model", help="HF model directory (default: a fresh ~95M-parameter Llama)")
+    b.add_argument("--trainable", action="store_true",
+                   help="build the trainable actor (gradient buffers, optimizer) rather than the frozen one")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentgym-mega",
@@ -516,8 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `agentgym-mega <command> --help` for each command's options.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
-    for add in (_add_config, _add_train, _add_eval, _add_make_tiny_model, _add_pretrain_tiny, _add_doctor,
-                _add_env_server, _add_bench):
+    for add in (_add_config, _add_train, _add_eval, _add_plan, _add_make_tiny_model, _add_pretrain_tiny,
+                _add_doctor, _add_env_server, _add_bench):
         add(sub)
     return parser
 

@@ -9,6 +9,7 @@ and what is allowed; the CLI turns it into exit code 2.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import typing
@@ -43,6 +44,11 @@ class ModelConfig:
     path: StrictStr = ""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     critic_path: Optional[StrictStr] = None  # default: initialise the critic from `path`
+    # The model's published config.json facts (architectures, sizes, vocabulary, rope) for
+    # `agentgym-mega plan` where `path` is not on this machine; where path/config.json exists the
+    # planner reads that instead and refuses an architecture that disagrees with it. Training reads
+    # only the checkpoint.
+    architecture: Optional[dict] = None
 
 
 @section
@@ -445,8 +451,9 @@ def read_yaml(path: str, _seen: tuple = ()) -> dict:
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Applies `a.b.c=value` overrides; values are parsed as YAML (`[6,13,20]`, `null`, `1e-3`)."""
-    data = _deep_merge({}, data)
+    """Applies `a.b.c=value` overrides to a copy of ``data``; values are parsed as YAML
+    (`[6,13,20]`, `null`, `1e-3`)."""
+    data = copy.deepcopy(data)
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not p for p in key.split(".")):

@@ -6,7 +6,8 @@ from agentgym_mega import errors
 from agentgym_mega.cli import build_parser
 from tests.conftest import run_cli
 
-SUBCOMMANDS = ["config", "make-tiny-model", "pretrain-tiny", "doctor", "env-server", "bench", "train", "eval"]
+SUBCOMMANDS = ["config", "make-tiny-model", "pretrain-tiny", "doctor", "env-server", "bench", "train", "eval",
+               "plan"]
 
 
 def test_top_level_help_lists_every_subcommand():

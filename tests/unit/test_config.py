@@ -6,7 +6,7 @@ import os
 import pytest
 import yaml
 
-from agentgym_mega.config import Config, ConfigError, dump_yaml, load_config, validate
+from agentgym_mega.config import Config, ConfigError, apply_overrides, dump_yaml, load_config, validate
 from tests.conftest import REPO, run_cli
 
 
@@ -165,3 +165,10 @@ def test_retired_rollout_engine_key_is_dropped_with_a_warning():
     with pytest.warns(FutureWarning, match="rollout.engine is no longer read"):
         cfg = load_config(None, ["rollout.engine=vllm"])
     assert not hasattr(cfg.rollout, "engine")
+
+
+def test_overrides_leave_the_given_dict_unchanged():
+    # callers reuse one base dict for several sets of overrides (plan's nearest-layout search)
+    base = {"parallel": {"tp": 2}, "trainer": {"lr": 1e-6}}
+    assert apply_overrides(base, ["parallel.tp=4"])["parallel"]["tp"] == 4
+    assert base == {"parallel": {"tp": 2}, "trainer": {"lr": 1e-6}}

@@ -1,0 +1,229 @@
+"""`agentgym-mega plan`: exact per-rank parameter counts, published model sizes, refusals with
+nearest layouts that fit, every shipped recipe fitting on 8 x 80 GB nodes, and the CLI."""
+
+import glob
+import json
+import os
+import pathlib
+
+import pytest
+import yaml
+
+from agentgym_mega import memory_plan as mp
+from agentgym_mega.cli import main
+from agentgym_mega.config import ConfigError, load_config
+from agentgym_mega.errors import BadInput
+from tests.conftest import REPO, run_cli
+
+RECIPES = sorted(glob.glob(os.path.join(REPO, "configs", "recipes", "*.yaml")))
+MODELS = os.path.join(REPO, "configs", "models")
+RECIPE_72B = os.path.join(REPO, "configs", "recipes", "babyai_qwen2.5-72b.yaml")
+# 72B on one node, no model parallelism: the layout the issue names as impossible.
+ONE_NODE_TP1 = ["parallel.world_size=8", "parallel.tp=1", "parallel.pp=1", "parallel.sequence_parallel=false",
+                "rollout.engine_tp=8", "rollout.num_engines=1"]
+
+# A small Qwen2-like architecture whose counts are worked out by hand below.
+SMALL = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 128, "intermediate_size": 256,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300,
+         "tie_word_embeddings": False}
+# Per layer at TP=1: two norms 2*128; QKV (4 + 2*2 heads) * 32 = 256 rows x 128, and its bias 256;
+# output projection 128 x 128; FC1 2*256 x 128; FC2 128 x 256.
+LAYER_TP1 = 2 * 128 + 256 * 128 + 256 + 128 * 128 + 2 * 256 * 128 + 128 * 256  # 147968
+LAYER_TP2 = 2 * 128 + 128 * 128 + 128 + 128 * 64 + 256 * 128 + 128 * 128  # 74112: all but the norms halved
+VOCAB_ROWS = 384  # 300 padded to a multiple of 128
+
+
+def architecture(name: str) -> dict:
+    with open(os.path.join(MODELS, f"{name}.yaml")) as f:
+        return yaml.safe_load(f)["model"]["architecture"]
+
+
+def plan_of(path: str, overrides=(), **gpus) -> dict:
+    cfg = load_config(path, list(overrides))
+    hf, source = mp.read_architecture(cfg.model)
+    return mp.plan(cfg, hf, source=source, **gpus)
+
+
+def test_parameter_counts_per_rank_by_hand():
+    a = mp.Arch.of(SMALL)
+    assert (a.head_dim, a.qkv_bias, a.tied) == (32, True, False)
+    assert sum(mp.layer_params(a, 1)) == LAYER_TP1 == 147968
+    assert sum(mp.layer_params(a, 2)) == LAYER_TP2 == 74112
+    embedding = VOCAB_ROWS * 128
+    assert mp.stage_params(a, 1, 1, 0) == 2 * LAYER_TP1 + embedding + 128 + embedding
+    assert mp.stage_params(a, 2, 1, 0) == 2 * LAYER_TP2 + embedding // 2 + 128 + embedding // 2
+    assert mp.stage_params(a, 1, 2, 0) == LAYER_TP1 + embedding  # first stage: embedding
+    assert mp.stage_params(a, 1, 2, 1) == LAYER_TP1 + 128 + embedding  # last: final norm, LM head
+    assert mp.stage_params(a, 1, 2, 1, value_head=True) == LAYER_TP1 + 128 + 128 + 1
+    assert mp.total_params(a) == 2 * LAYER_TP1 + 2 * 300 * 128 + 128  # the checkpoint's, unpadded
+
+
+def test_a_tied_embedding_is_one_tensor_at_pp1_and_a_bucket_of_its_own_on_both_ends_at_pp2():
+    a = mp.Arch.of(SMALL | {"tie_word_embeddings": True})
+    embedding = VOCAB_ROWS * 128
+    assert mp.stage_params(a, 1, 1, 0) == 2 * LAYER_TP1 + embedding + 128
+    assert mp.stage_buckets(a, 1, 2, 0)[1] == [embedding]
+    assert mp.stage_buckets(a, 1, 2, 1)[1] == [embedding]  # the last stage's copy
+    assert len(mp.stage_buckets(a, 1, 2, 1, value_head=True)) == 1  # the critic is never tied
+
+
+def test_buffer_padding_follows_megatron():
+    # each parameter starts at a multiple of 64 elements; a bucket ends at a multiple of lcm(dp, 128)
+    assert mp.buffer_numel([[100, 1]], dp=1) == 256  # 128 + 64 -> 256
+    assert mp.buffer_numel([[100, 1]], dp=3) == 384
+    assert mp.buffer_numel([[100], [1]], dp=1) == 256  # two buckets, each padded
+
+
+def test_trainer_state_bytes():
+    a = mp.Arch.of(SMALL)
+    numel = mp.buffer_numel(mp.stage_buckets(a, 1, 1, 0), 2)
+    bf16 = mp.trainer_state(a, 1, 1, 2, 0, dtype_bytes=2)
+    assert bf16 == {"params": 2 * numel, "grads": 4 * numel, "optimizer": numel // 2 * 12}
+    fp32 = mp.trainer_state(a, 1, 1, 2, 0, dtype_bytes=4)
+    assert fp32["optimizer"] == numel // 2 * 8  # no separate main parameters in fp32
+    frozen = mp.trainer_state(a, 1, 1, 2, 0, dtype_bytes=2, trainable=False)
+    assert frozen == {"params": 2 * mp.stage_params(a, 1, 1, 0), "grads": 0, "optimizer": 0}
+
+
+def test_activation_and_logit_formulas_by_hand():
+    a = mp.Arch.of(SMALL)
+    # 4h replicated + (2q + 2kv + 3f) split = 512 + (256 + 128 + 768)
+    assert mp.layer_activation_elements(a, 1, False) == 512 + 1152
+    assert mp.layer_activation_elements(a, 2, False) == 512 + 1152 / 2
+    assert mp.layer_activation_elements(a, 2, True) == (512 + 1152) / 2
+    none = mp.activation_bytes(a, 1, 1, 0, False, "none", tokens=10, dtype_bytes=2)
+    assert none == 10 * 2 * (2 * 1664 + 2 * 128)  # two layers, plus the head's inputs
+    assert mp.activation_bytes(a, 1, 1, 0, False, "selective", 10, 2) == none  # fused attention
+    full = mp.activation_bytes(a, 1, 1, 0, False, "full", 10, 2)
+    assert full == 10 * 2 * (2 * 128 + 1664 + 2 * 128)  # layer inputs + one layer recomputed
+    assert mp.activation_bytes(a, 1, 2, 0, False, "none", 10, 2) == 10 * 2 * 2 * 1664  # 2 in flight x 1 layer
+    assert mp.logits_bytes(a, 2, tokens=10, dtype_bytes=2) == 10 * 192 * (2 + 5 * 4)
+    assert mp.kv_bytes_per_token(a, 1, 2) == 2 * 2 * 2 * 32 * 2
+    assert mp.kv_bytes_per_token(a, 4, 2) == 2 * 2 * 1 * 32 * 2  # KV heads replicated past 2
+
+
+@pytest.mark.parametrize("name,published", [
+    ("qwen2.5-7b-instruct", 7.62e9), ("llama-3.1-8b-instruct", 8.03e9), ("llama-3.1-70b-instruct", 70.6e9),
+    ("qwen2.5-72b-instruct", 72.7e9),
+])
+def test_parameter_totals_match_the_published_sizes(name, published):
+    assert mp.total_params(mp.Arch.of(architecture(name))) == pytest.approx(published, rel=0.005)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=os.path.basename)
+def test_every_recipe_fits_on_8x80gb_nodes(path):
+    cfg = load_config(path)
+    result = plan_of(path, gpus_per_node=8, gpu_mem_gb=80)
+    assert result["fits"], result["reason"]
+    assert result["peak_bytes"] <= result["gpu"]["usable_bytes"]
+    nodes = result["gpu"]["nodes"]
+    assert cfg.parallel.world_size == nodes * 8  # every recipe fills its nodes
+    with open(path) as f:
+        assert f" {nodes} node" in f.readline()  # and says how many in its first line
+    assert cfg.model.path.startswith("/models/") and cfg.model.dtype == "bfloat16"
+    assert result["model"]["source"] == "model.architecture"
+
+
+def test_recipes_cover_every_environment_with_7b_and_every_model():
+    names = {os.path.basename(p) for p in RECIPES}
+    assert {f"{env}_qwen2.5-7b.yaml" for env in ("babyai", "textcraft", "sciworld")} <= names
+    for model in ("qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b", "llama-3.1-8b", "llama-3.1-70b"):
+        assert any(n.endswith(f"_{model}.yaml") for n in names), model
+    recipes = "".join(pathlib.Path(p).read_text() for p in RECIPES)
+    for model in os.listdir(MODELS):  # so every model file is validated and planned
+        assert f"../models/{model}" in recipes, model
+
+
+def test_an_impossible_layout_is_refused_with_nearest_layouts_that_fit():
+    result = plan_of(RECIPE_72B, ONE_NODE_TP1, nodes=1)
+    assert not result["fits"]
+    assert "training phase needs" in result["reason"] and "GB over the" in result["reason"]
+    assert 1 <= len(result["nearest"]) <= mp.MAX_NEAREST
+    for fit in result["nearest"]:
+        again = plan_of(RECIPE_72B, ONE_NODE_TP1 + fit["overrides"], nodes=fit["nodes"])
+        assert again["fits"], fit
+    counts = [len(f["overrides"]) for f in result["nearest"]]
+    assert counts == sorted(counts)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["parallel.tp=16"], "num_key_value_heads=8 is not divisible by tp=16"),
+    (["parallel.pp=32", "parallel.tp=2"], "num_hidden_layers=80 does not split evenly over pp=32 stages"),
+    (["rollout.engine_tp=3", "rollout.num_engines=21"],
+     "num_attention_heads=64 is not divisible by rollout.engine_tp=3"),
+])
+def test_layouts_megatron_or_vllm_refuse(overrides, message):
+    with pytest.raises(BadInput, match=message) as info:
+        plan_of(RECIPE_72B, overrides)
+    assert "nearest layouts that fit" in str(info.value)
+
+
+def test_engines_wider_than_the_kv_heads_replicate_them_in_whole_copies():
+    a = mp.Arch.of(SMALL | {"num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 384})
+    mp.check_engine(a, 12)  # 3 copies of each KV head
+    with pytest.raises(mp.LayoutError, match="rollout.engine_tp=6 is more than num_key_value_heads=4"):
+        mp.check_engine(a, 6)
+
+
+def test_too_few_nodes_and_a_kv_cache_without_room_for_one_sequence():
+    seven_b = os.path.join(REPO, "configs", "recipes", "babyai_qwen2.5-7b.yaml")
+    with pytest.raises(BadInput, match="the layout needs 16 GPUs"):
+        plan_of(seven_b, ["parallel.world_size=16", "rollout.num_engines=16"], nodes=1)
+    result = plan_of(seven_b, ["rollout.gpu_memory_utilization=0.2"])
+    assert not result["fits"] and "KV cache" in result["reason"] and "vLLM would not start" in result["reason"]
+
+
+def test_offload_and_placement_change_the_phases():
+    seven_b = os.path.join(REPO, "configs", "recipes", "babyai_qwen2.5-7b.yaml")
+    on = plan_of(seven_b)["gpus"][0]["phases"]
+    off = plan_of(seven_b, ["cluster.offload=false"])["gpus"][0]["phases"]
+    assert on["rollout"] == int(0.5 * 80e9)  # the trainer holds nothing while engines generate
+    assert off["rollout"] > on["rollout"] and off["training"] == on["training"]
+    split = plan_of(seven_b, ["cluster.placement=split", "rollout.num_engines=4"])
+    assert split["gpu"]["gpus"] == 12 and split["gpu"]["nodes"] == 2
+    assert [g["name"] for g in split["gpus"]] == ["every trainer GPU", "engine GPUs"]
+    assert "engine" not in split["gpus"][0]["roles"] and not split["layout"]["offload"]
+
+
+def test_architecture_is_checked_against_the_checkpoints_config(tmp_path):
+    facts = architecture("qwen2.5-7b-instruct")
+    (tmp_path / "config.json").write_text(json.dumps(facts | {"hidden_size": 4096, "model_type": "qwen2"}))
+    cfg = load_config(None, [f"model.path={tmp_path}", f"model.architecture={json.dumps(facts)}"])
+    with pytest.raises(ConfigError, match=r"model.architecture.hidden_size=3584 disagrees with .*config.json \(4096\)"):
+        mp.read_architecture(cfg.model)
+    hf, source = mp.read_architecture(load_config(None, [f"model.path={tmp_path}"]).model)
+    assert hf["hidden_size"] == 4096 and source.endswith("config.json")
+    with pytest.raises(BadInput, match="has no config.json and model.architecture is not set"):
+        mp.read_architecture(load_config(None, ["model.path=/nonexistent"]).model)
+
+
+def test_cli_refuses_with_exit_2_and_the_nearest_layouts():
+    result = run_cli("plan", "--config", RECIPE_72B, "--nodes", "1", *ONE_NODE_TP1)
+    assert result.returncode == 2
+    assert "agentgym-mega plan: the training phase needs" in result.stderr
+    assert "nearest layouts that fit" in result.stderr and "parallel.world_size=" in result.stderr
+    assert "does not fit" in result.stdout  # the tables are still printed
+
+
+def test_cli_bad_values_exit_2():
+    result = run_cli("plan", "--config", RECIPE_72B, "--gpu-mem-gb", "0")
+    assert result.returncode == 2 and "not a number of GB > 0" in result.stderr
+
+
+def test_cli_json(capsys):
+    assert main(["plan", "--config", RECIPES[0], "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["phases"]) == set(mp.PHASES) and out["fits"] is True and out["nearest"] == []
+    assert out["peak_bytes"] == max(out["phases"].values())
+    gpu = out["gpus"][0]
+    assert set(gpu["roles"]["actor"]) == {"params", "grads", "optimizer", "activations", "logprob_peak"}
+    assert set(gpu["roles"]["engine"]) == {"weights", "kv_cache", "overhead"}
+    assert {"kv_bytes_per_token", "kv_tokens", "claim"} <= set(out["engine"])
+    assert out["layout"]["micro_batch_tokens"] == 16384
+
+
+def test_cli_tables(capsys):
+    assert main(["plan", "--config", RECIPE_72B]) == 0
+    text = capsys.readouterr().out
+    for line in ("stage 1 of 4, GB", "stage 4 of 4, GB", "log-prob peak", "start-up / resume", "fits: peak"):
+        assert line in text
