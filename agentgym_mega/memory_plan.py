@@ -48,8 +48,10 @@ GPU * head_dim elements per token. An engine whose cache cannot hold one ``rollo
 sequence does not start. Asleep (vLLM sleep level 1) it keeps only the overhead.
 
 Phases of the loop (:mod:`agentgym_mega.trainer`, :mod:`agentgym_mega.stack`), per GPU:
-* start-up / resume: the engines start first and are awake while the trainer roles are built and a
-  checkpoint (with its Adam moments) is loaded: the engine claim + every role's full state.
+* start-up / resume: the trainer roles are built and a checkpoint (with its Adam moments) is
+  loaded after the engines have started: with offload the engines sleep meanwhile (the stack puts
+  them to sleep first), without it they hold their claim: every role's full state + the engines'
+  overhead or claim.
 * rollout: the engine claim + the roles' state, or nothing of it with offload (``cluster.offload``
   true, or auto when colocated), which releases every role to host memory while engines generate.
 * training: engines asleep + every role's state + the actor's activations and log-prob peak (the
@@ -416,7 +418,7 @@ def _trainer_gpu(a: Arch, lay: Layout, stage: int, tokens: int, engine: dict | N
     awake, asleep = (engine["claim"], engine["overhead"]) if engine else (0, 0)
     sync_extra = sync_bytes(a, lay.tp, lay.pp, lay.cuda_ipc(), lay.dtype_bytes) if stage == 0 else 0
     phases = {
-        "startup": awake + state,
+        "startup": (asleep if lay.offload else awake) + state,
         "rollout": awake + (0 if lay.offload else state),
         "training": asleep + state + actor["activations"] + actor["logprob_peak"],
         "weight_sync": asleep + (engine["weights"] if engine else 0) + (actor["params"] if lay.offload else state)

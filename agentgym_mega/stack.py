@@ -88,6 +88,10 @@ class Stack:
                 max_model_len=cfg.rollout.max_model_len, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                 seed=cfg.trainer.seed + i, options=self.placement.engine(i)))
         ray.get([e.health.remote() for e in self.engines])  # started before the first step's clock
+        if trainers and self.offload:
+            # The trainer roles load their weights (and a resume its Adam state) on the GPUs the
+            # engines share: the engines sleep meanwhile; trainer.train wakes them.
+            self.engines_sleep()
         if env:
             self.rollout = RolloutManager.from_config(cfg, self.engines, self.env, self.tokenizer)
         if trainers:

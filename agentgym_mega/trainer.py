@@ -76,8 +76,11 @@ def train(cfg, resume: bool = False) -> dict:
     with Stack.start(cfg) as stack:
         start, position = _resume(stack, cfg) if resume else (1, 0)
         if resume:  # the engines started from the HF weights: give them the checkpoint's
+            stack.trainers_release(actor_params=False)
+            stack.engines_wake(("weights",))
             stack.actor.sync_weights(stack.engines, start - 1)
         stack.trainers_release()  # the engines generate first
+        stack.engines_wake()
         sampler = TaskSampler(stack.tasks, cfg.trainer.seed, position)
         logger = MetricsLogger(cfg.trainer.output_dir, cfg.logging)
         evaluate = _evaluator(stack, cfg)

@@ -1,5 +1,6 @@
 """Start-up that fails halfway leaves nothing running: the env servers already started are
-stopped and the placement groups removed, and the error that stopped it reaches the caller."""
+stopped and the placement groups removed, and the error that stopped it reaches the caller. With
+offload on, the engines sleep while the trainer roles load."""
 
 import time
 
@@ -11,7 +12,7 @@ from agentgym_mega.config import load_config
 from agentgym_mega.errors import BadInput
 from agentgym_mega.stack import Stack
 
-pytestmark = pytest.mark.slow  # a Ray and an env server: about 15 s
+pytestmark = pytest.mark.slow  # a Ray and an env server, or an engine and an actor: 15-60 s
 
 
 def server_gone(url: str, timeout_s: float = 60.0) -> bool:
@@ -46,3 +47,14 @@ def test_a_start_up_failing_after_the_env_servers_stops_them(monkeypatch):
         assert ray.is_initialized()  # a Ray the caller started is the caller's to stop
     finally:
         ray.shutdown()
+
+
+def test_with_offload_the_engines_sleep_while_the_trainer_roles_load(tiny_qwen2):
+    # Colocated on GPUs the roles' weights (and a resume's Adam state) would otherwise load on
+    # top of the engines' whole share of each GPU: the start-up peak `agentgym-mega plan` found.
+    cfg = load_config(None, [f"model.path={tiny_qwen2}", "model.dtype=float32", "algorithm.kl_coef=0.0",
+                             "parallel.world_size=1", "parallel.tp=1", "parallel.sequence_parallel=false",
+                             "rollout.max_model_len=512", "rollout.max_tokens_per_turn=64", "cluster.offload=true"])
+    with Stack.start(cfg, env=False) as stack:
+        assert stack.actor is not None and stack.ref is None
+        assert all(ray.get(e.health.remote())["sleeping"] for e in stack.engines)

@@ -179,6 +179,9 @@ def test_offload_and_placement_change_the_phases():
     off = plan_of(seven_b, ["cluster.offload=false"])["gpus"][0]["phases"]
     assert on["rollout"] == int(0.5 * 80e9)  # the trainer holds nothing while engines generate
     assert off["rollout"] > on["rollout"] and off["training"] == on["training"]
+    # with offload the engines sleep while the roles load (stack.Stack), so start-up is the
+    # roles' state on top of the engines' overhead, not on top of their whole share
+    assert off["startup"] - on["startup"] == int(0.5 * 80e9) - mp.ENGINE_OVERHEAD
     split = plan_of(seven_b, ["cluster.placement=split", "rollout.num_engines=4"])
     assert split["gpu"]["gpus"] == 12 and split["gpu"]["nodes"] == 2
     assert [g["name"] for g in split["gpus"]] == ["every trainer GPU", "engine GPUs"]
