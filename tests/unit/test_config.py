@@ -172,3 +172,11 @@ def test_overrides_leave_the_given_dict_unchanged():
     base = {"parallel": {"tp": 2}, "trainer": {"lr": 1e-6}}
     assert apply_overrides(base, ["parallel.tp=4"])["parallel"]["tp"] == 4
     assert base == {"parallel": {"tp": 2}, "trainer": {"lr": 1e-6}}
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "configs", "**", "*.yaml"), recursive=True)))
+def test_shipped_scaling_inter_runs_reach_their_longest_cap(path):
+    # with the default 100 steps and a 100-step interval a run never left its first stage
+    cfg = load_config(path)
+    if cfg.horizon.schedule == "scaling_inter":
+        assert cfg.trainer.total_steps > cfg.horizon.interval * (len(cfg.horizon.caps) - 1), path
