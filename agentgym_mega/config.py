@@ -45,9 +45,8 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     critic_path: Optional[StrictStr] = None  # default: initialise the critic from `path`
     # The model's published config.json facts (architectures, sizes, vocabulary, rope) for
-    # `agentgym-mega plan` where `path` is not on this machine; where path/config.json exists the
-    # planner reads that instead and refuses an architecture that disagrees with it. Training reads
-    # only the checkpoint.
+    # `agentgym-mega plan` where `path` is not on this machine; where path/config.json exists, plan
+    # and train refuse an architecture that disagrees with it.
     architecture: Optional[dict] = None
 
 

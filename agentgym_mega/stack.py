@@ -72,6 +72,10 @@ class Stack:
         from agentgym_mega.rollout.tasks import select_tasks
 
         cfg = self.cfg
+        if cfg.model.architecture and trainers:
+            from agentgym_mega.memory_plan import read_architecture
+
+            read_architecture(cfg.model)  # a recipe's model facts must be those of the checkpoint it names
         self._init_ray(env)
         gpus = ray.cluster_resources().get("GPU", 0) >= 1
         self.placement = Placement(cfg, gpus=gpus, with_env=env)

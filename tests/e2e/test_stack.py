@@ -58,3 +58,11 @@ def test_with_offload_the_engines_sleep_while_the_trainer_roles_load(tiny_qwen2)
     with Stack.start(cfg, env=False) as stack:
         assert stack.actor is not None and stack.ref is None
         assert all(ray.get(e.health.remote())["sleeping"] for e in stack.engines)
+
+
+def test_a_recipe_naming_another_model_than_its_checkpoint_is_refused_before_anything_starts(tiny_qwen2):
+    cfg = load_config(None, [f"model.path={tiny_qwen2}", 'model.architecture={"hidden_size": 3584}'])
+    with pytest.raises(BadInput, match=r"model.architecture.hidden_size=3584 disagrees with .*config.json \(128\)"):
+        with Stack.start(cfg):
+            pass
+    assert not ray.is_initialized()
