@@ -24,6 +24,39 @@ ROLES = ("actor", "ref", "critic")
 PLACEMENT_TIMEOUT_S = 600.0
 
 
+class PlacementError(RuntimeError):
+    """The cluster placed a run's bundles where its parallel groups cannot work."""
+
+
+def _address_key(address: str) -> tuple:
+    """Sorts IPv4 addresses numerically (10.0.0.9 before 10.0.0.10), anything else after them."""
+    parts = address.split(".")
+    return (0, tuple(int(p) for p in parts)) if len(parts) == 4 and all(p.isdigit() for p in parts) else (1, address)
+
+
+def node_order(bundle_nodes: list[str], addresses: dict[str, str]) -> list[int]:
+    """Bundle indices ordered by node (address, then node id), bundle index within a node: ranks
+    that follow each other then share a node wherever Ray put the bundles."""
+    return sorted(range(len(bundle_nodes)),
+                  key=lambda b: (_address_key(addresses.get(bundle_nodes[b], "")), bundle_nodes[b], b))
+
+
+def check_within_nodes(order: list[int], bundle_nodes: list[str], size: int, what: str) -> None:
+    """Every run of ``size`` consecutive bundles of ``order`` (a TP group) lies on one node;
+    otherwise names the group and how Ray spread the bundles."""
+    for start in range(0, len(order), size):
+        nodes = {bundle_nodes[b] for b in order[start:start + size]}
+        if len(nodes) > 1:
+            per_node: dict[str, int] = {}
+            for node in bundle_nodes:
+                per_node[node] = per_node.get(node, 0) + 1
+            spread = ", ".join(f"{n[:8]}: {c}" for n, c in per_node.items())
+            raise PlacementError(
+                f"{what} {start // size} (bundles in rank order {start}-{start + size - 1}) would span "
+                f"{len(nodes)} nodes: Ray placed the bundles {{{spread}}}, not in whole groups of {size} per "
+                "node; give the run whole nodes (their GPU count a multiple of the TP size)")
+
+
 def roles(cfg) -> tuple[str, ...]:
     """The trainer roles a run has: the actor; the reference policy when a KL term is on; the
     critic for GAE."""
@@ -62,9 +95,30 @@ class Placement:
                             timeout=PLACEMENT_TIMEOUT_S)
         if len(ready) < len(self.groups):
             self.remove()
-            raise RuntimeError(
+            raise PlacementError(
                 f"placement groups not placed after {PLACEMENT_TIMEOUT_S:.0f} s: the run needs "
                 f"{[g.bundle_specs for g in self.groups]}, the cluster has {ray.cluster_resources()}")
+        # Ray numbers bundles in request order, not by node: rank r takes the r-th bundle by node,
+        # so megatron's TP groups (consecutive ranks) and an engine's TP workers share a node.
+        addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        self.trainer_nodes = self._bundle_nodes(self.trainer_group)
+        self.trainer_order = node_order(self.trainer_nodes, addresses)
+        self.engine_nodes = self._bundle_nodes(self.engine_group)
+        self.engine_order = node_order(self.engine_nodes, addresses) if not self.colocated else self.trainer_order
+        try:
+            check_within_nodes(self.trainer_order, self.trainer_nodes, cfg.parallel.tp, "trainer TP group")
+            check_within_nodes(self.engine_order[:engine_bundles], self.engine_nodes, self.engine_tp, "engine")
+        except PlacementError:
+            self.remove()
+            raise
+
+    @staticmethod
+    def _bundle_nodes(group) -> list[str]:
+        """The node id of each bundle of a placed group, by bundle index."""
+        from ray.util.placement_group import placement_group_table
+
+        table = placement_group_table(group)["bundles_to_node_id"]
+        return [table[i] for i in range(len(group.bundle_specs))]
 
     @staticmethod
     def env_server_count(cfg, with_env: bool = True) -> int:
@@ -88,19 +142,25 @@ class Placement:
 
     def trainer(self, rank: int) -> dict:
         """Ray options of trainer rank `rank` (of any role)."""
-        return self._options(self.trainer_group, rank, self.share)
+        return self._options(self.trainer_group, self.trainer_order[rank], self.share)
+
+    def _engine_bundles(self, index: int) -> list[int]:
+        return self.engine_order[index * self.engine_tp:(index + 1) * self.engine_tp]
 
     def engine(self, index: int) -> dict:
         """Ray options of engine `index`. With engine_tp > 1 (GPU) the engine's own process holds
         no GPU: vLLM's Ray executor places one worker in each of the engine's bundles."""
-        first = index * self.engine_tp
+        bundles = self._engine_bundles(index)
         amount = self.share if self.colocated else 1.0
         if self.engine_tp == 1:
-            return self._options(self.engine_group, first, amount)
-        bundles = ",".join(str(b) for b in range(first, first + self.engine_tp))
-        return self._options(self.engine_group, first, 0, placement_group_capture_child_tasks=True) | {
-            "runtime_env": {"env_vars": {"VLLM_RAY_BUNDLE_INDICES": bundles,
+            return self._options(self.engine_group, bundles[0], amount)
+        return self._options(self.engine_group, bundles[0], 0, placement_group_capture_child_tasks=True) | {
+            "runtime_env": {"env_vars": {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, bundles)),
                                          "VLLM_RAY_PER_WORKER_GPUS": str(amount)}}}
+
+    def engine_worker_nodes(self, engines: int) -> list[str]:
+        """The node id of every worker of the first `engines` engines (one per bundle)."""
+        return [self.engine_nodes[b] for i in range(engines) for b in self._engine_bundles(i)]
 
     def env_server(self, index: int) -> dict:
         return self._options(self.env_group, index, 1.0) | {"num_cpus": 1, "num_gpus": 0}
@@ -160,26 +220,28 @@ class TrainerRank:
         algorithm = self.cfg.algorithm
         return self.worker.update(batch, lambda values, mb: critic_loss(values, mb, algorithm))
 
-    def sync_weights(self, engines: list, version: int):
+    def sync_weights(self, engines: list, version: int, engine_nodes: list[str] | None = None):
         """Every rank takes part in the gather to rank 0, which streams to `engines` and returns
-        the transfer stats (see config.WeightSyncConfig for how)."""
+        the transfer stats (see config.WeightSyncConfig for how). `engine_nodes`: the node id
+        of every engine worker (default: each engine's own node)."""
         named = self.worker.export_hf()
         try:
             if dist.get_rank() == 0:
-                return self._synchronizer(engines).sync(named, engines, version)
+                return self._synchronizer(engines, engine_nodes).sync(named, engines, version)
         finally:
             for _ in named:  # the gather is collective: ranks > 0, or a sync that ended early, drain it
                 pass
         return None
 
-    def _synchronizer(self, engines: list):
+    def _synchronizer(self, engines: list, engine_nodes: list[str] | None):
         """Built at the first sync, when the engines' nodes are known."""
         if self.synchronizer is None:
             from agentgym_mega.weight_sync import ZmqWeightSynchronizer, endpoint, new_secret
 
             options = self.cfg.weight_sync
-            nodes = [e["node"] for e in ray.get([e.health.remote() for e in engines])]
-            address, cuda_ipc = endpoint(options.transport, reachable_ip(), nodes, platform.has_cuda())
+            nodes = engine_nodes or [e["node_id"] for e in ray.get([e.health.remote() for e in engines])]
+            own = ray.get_runtime_context().get_node_id()
+            address, cuda_ipc = endpoint(options.transport, reachable_ip(), own, nodes, platform.has_cuda())
             # A secret for the run (the synchronizer lives as long as rank 0): it reaches the engines
             # through Ray, as update_weights(..., secret=...), never over the socket.
             self.synchronizer = ZmqWeightSynchronizer(
@@ -211,6 +273,7 @@ class TrainerGroup:
         # Without a placement (tools, tests): a GPU per rank, or on CPU no reservation at all
         # (ranks share the cores).
         loose = {"num_gpus": 1} if platform.has_cuda() else {"num_cpus": 0}
+        self.placement = placement
         self.ranks = [ray.remote(**(placement.trainer(i) if placement else loose))(TrainerRank).remote()
                       for i in range(world)]
         try:
@@ -268,7 +331,8 @@ class PolicyGroup(TrainerGroup):
     def sync_weights(self, engines: list, version: int):
         """Streams the current weights to ``engines`` as ``version``; returns the transfer's
         :class:`~agentgym_mega.weight_sync.SyncStats`."""
-        return self._call("sync_weights", engines, version)
+        nodes = self.placement.engine_worker_nodes(len(engines)) if self.placement else None
+        return self._call("sync_weights", engines, version, nodes)
 
 
 class CriticGroup(TrainerGroup):

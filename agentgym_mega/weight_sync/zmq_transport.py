@@ -162,19 +162,21 @@ def default_address() -> str:
     return f"ipc://{directory}/sock"
 
 
-def endpoint(transport: str, trainer_node: str, engine_nodes: Sequence[str], cuda: bool) -> tuple[str, bool]:
-    """Where the trainer binds its sender, and whether it sends CUDA IPC handles, for engines on
-    `engine_nodes` (see config.WeightSyncConfig for what `transport` means)."""
+def endpoint(transport: str, host: str, trainer_node: str, engine_nodes: Sequence[str],
+             cuda: bool) -> tuple[str, bool]:
+    """Where the trainer binds its sender, and whether it sends CUDA IPC handles, for engine
+    workers on `engine_nodes` (node ids, compared with the trainer's `trainer_node`; `host` is
+    the trainer's address for tcp). See config.WeightSyncConfig for what `transport` means."""
     remote = sorted(set(engine_nodes) - {trainer_node})
     if transport == "auto":
         transport = "tcp" if remote else "cuda_ipc" if cuda else "ipc"
     if transport in ("ipc", "cuda_ipc") and remote:
         raise SyncError(f"weight_sync.transport={transport} reaches engines on the trainer's node "
-                        f"({trainer_node}) only, but engines run on {', '.join(remote)}: use tcp or auto")
+                        f"({trainer_node}) only, but engine workers run on {', '.join(remote)}: use tcp or auto")
     if transport == "cuda_ipc" and not cuda:
         raise SyncError("weight_sync.transport=cuda_ipc needs GPUs; this trainer has none: use ipc or auto")
     if transport == "tcp":
-        return f"tcp://{trainer_node}:0", False
+        return f"tcp://{host}:0", False
     return default_address(), transport == "cuda_ipc"
 
 

@@ -167,6 +167,9 @@ def test_a_malformed_stream_is_a_sync_error(frames, error):
         _raw_stream([frames])
 
 
+ID = {"10.0.0.1": "node-a", "10.0.0.2": "node-b"}  # Ray node ids of two nodes
+
+
 @pytest.mark.parametrize("transport,engines,cuda,expected", [
     ("auto", ["10.0.0.1"], False, ("ipc://", False)),
     ("auto", ["10.0.0.1", "10.0.0.1"], True, ("ipc://", True)),
@@ -175,7 +178,7 @@ def test_a_malformed_stream_is_a_sync_error(frames, error):
     ("ipc", ["10.0.0.1"], True, ("ipc://", False)),
 ])
 def test_the_endpoint_follows_where_the_engines_run(transport, engines, cuda, expected):
-    address, cuda_ipc = endpoint(transport, "10.0.0.1", engines, cuda)
+    address, cuda_ipc = endpoint(transport, "10.0.0.1", "node-a", [ID[e] for e in engines], cuda)
     assert address.startswith(expected[0]) and cuda_ipc == expected[1]
     if address.startswith("ipc://"):  # a fresh private directory, which no sender bound here
         directory = os.path.dirname(address.removeprefix("ipc://"))
@@ -184,22 +187,22 @@ def test_the_endpoint_follows_where_the_engines_run(transport, engines, cuda, ex
 
 
 @pytest.mark.parametrize("transport,cuda,error", [
-    ("ipc", False, "engines on the trainer's node \\(10.0.0.1\\) only, but engines run on 10.0.0.2"),
-    ("cuda_ipc", True, "but engines run on 10.0.0.2"),
+    ("ipc", False, "engines on the trainer's node \\(node-a\\) only, but engine workers run on node-b"),
+    ("cuda_ipc", True, "but engine workers run on node-b"),
 ])
 def test_a_node_local_transport_for_remote_engines_is_refused(transport, cuda, error):
     with pytest.raises(SyncError, match=error):
-        endpoint(transport, "10.0.0.1", ["10.0.0.1", "10.0.0.2"], cuda)
+        endpoint(transport, "10.0.0.1", "node-a", ["node-a", "node-b"], cuda)
 
 
 def test_cuda_ipc_without_gpus_is_refused():
     with pytest.raises(SyncError, match="needs GPUs"):
-        endpoint("cuda_ipc", "10.0.0.1", ["10.0.0.1"], cuda=False)
+        endpoint("cuda_ipc", "10.0.0.1", "node-a", ["node-a"], cuda=False)
 
 
 def test_a_whole_sync_travels_over_tcp():
     tensors = [("a", torch.arange(5.0)), ("b", torch.ones(2, 2))]  # 36 bytes
-    address, _ = endpoint("tcp", "127.0.0.1", ["127.0.0.1"], False)
+    address, _ = endpoint("tcp", "127.0.0.1", "node-a", ["node-a"], False)
     stats, out = _roundtrip(tensors, bucket_bytes=8, address=address, secret=SECRET)
     assert stats.version == 7 and stats.buckets == 5
     assert [(n, t.tolist()) for n, t in out["tensors"]] == [(n, t.tolist()) for n, t in tensors]

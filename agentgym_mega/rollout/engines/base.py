@@ -52,8 +52,9 @@ class InferenceEngine(abc.ABC):
 
     @abc.abstractmethod
     def health(self) -> dict:
-        """At least {"alive": bool, "version": int, "sleeping": bool, "node": str}; "node" is the
-        address trainers on other nodes reach it by (network.reachable_ip)."""
+        """At least {"alive": bool, "version": int, "sleeping": bool, "node": str, "node_id": str};
+        "node" is the address trainers on other nodes reach it by (network.reachable_ip),
+        "node_id" the Ray node it runs on (None outside Ray)."""
 
     @abc.abstractmethod
     def shutdown(self) -> None:

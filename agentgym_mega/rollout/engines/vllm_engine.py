@@ -105,7 +105,11 @@ class VLLMEngine(InferenceEngine):
         self.sleeping = bool(tags) and "kv_cache" not in tags
 
     def health(self) -> dict:
-        return {"alive": True, "version": self.version, "sleeping": self.sleeping, "node": reachable_ip()}
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        return {"alive": True, "version": self.version, "sleeping": self.sleeping, "node": reachable_ip(),
+                "node_id": node_id}
 
     def shutdown(self) -> None:
         # Ends vLLM's engine-core process now; left to interpreter exit, a process whose model

@@ -1,0 +1,72 @@
+"""Placement on a simulated two-node cluster (ray.cluster_utils.Cluster: two raylets on this
+machine, 4 logical GPUs each): every trainer TP group and every engine's TP workers land on one
+node, and the weight sync's `auto` transport is tcp exactly when an engine worker is on another
+node than trainer rank 0."""
+
+import pytest
+import ray
+
+from agentgym_mega.cluster import Placement
+from agentgym_mega.config import load_config
+from agentgym_mega.weight_sync import endpoint
+from tests.e2e.test_placement import Probe
+
+pytestmark = pytest.mark.slow  # two raylets and a dozen actor processes: about a minute on 2 cores
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 4})
+    cluster.add_node(num_cpus=4, num_gpus=4)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def config(*extra: str):
+    return load_config(None, ["algorithm.kl_coef=0.0", "env.num_servers=1", "parallel.sequence_parallel=false",
+                              *extra])
+
+
+def nodes_of(options: list[dict]) -> list[str]:
+    actors = [ray.remote(**o)(Probe).remote() for o in options]
+    try:
+        return [w["node"] for w in ray.get([a.where.remote() for a in actors])]
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def transport(placement: Placement, engines: int, trainer_node: str) -> str:
+    address, _ = endpoint("auto", "127.0.0.1", trainer_node, placement.engine_worker_nodes(engines), cuda=False)
+    return address.split(":")[0]
+
+
+def test_tp_groups_and_engine_workers_stay_within_a_node(two_nodes):
+    cfg = config("parallel.world_size=8", "parallel.tp=4", "rollout.num_engines=4", "rollout.engine_tp=2")
+    placement = Placement(cfg, gpus=True)
+    try:
+        ranks = nodes_of([placement.trainer(r) for r in range(8)])
+        assert len(set(ranks[:4])) == 1 and len(set(ranks[4:])) == 1 and ranks[0] != ranks[4]
+        for engine in range(4):
+            workers = placement.engine_worker_nodes(4)[2 * engine:2 * engine + 2]
+            assert len(set(workers)) == 1, engine
+        # the engines' probe (its first bundle) is where its workers are
+        assert nodes_of([placement.engine(e) for e in range(4)]) == placement.engine_worker_nodes(4)[::2]
+        assert transport(placement, 4, ranks[0]) == "tcp"
+    finally:
+        placement.remove()
+
+
+def test_a_run_within_one_node_syncs_over_ipc(two_nodes):
+    placement = Placement(config("parallel.world_size=4", "parallel.tp=2", "rollout.num_engines=2"), gpus=True)
+    try:
+        ranks = nodes_of([placement.trainer(r) for r in range(4)])
+        assert len(set(ranks)) == 1
+        assert transport(placement, 2, ranks[0]) == "ipc"
+    finally:
+        placement.remove()
