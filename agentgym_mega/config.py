@@ -277,6 +277,10 @@ class WeightSyncConfig:
     transport: Literal["auto", "ipc", "tcp", "cuda_ipc"] = "auto"
     bucket_mb: StrictInt = 256  # bytes transports: the size of one ZMQ message
     timeout_s: float = 600.0  # a stream that stalls this long ends the sync; old weights keep serving
+    # An engine still without the new weights after one retry (or dead): `drop` takes it out of
+    # rotation and the rollout goes on with the rest (logged as sync/engines_dropped); `stop` ends
+    # the run with an error naming it. Either way no engine serves stale weights.
+    on_engine_failure: Literal["drop", "stop"] = "drop"
 
     def __post_init__(self):
         _require(self.bucket_mb >= 1, "weight_sync.bucket_mb", self.bucket_mb, "an integer >= 1")

@@ -36,7 +36,9 @@ def episode_metrics(batch) -> dict:
 def sync_metrics(stats) -> dict:
     """A weight sync's transfer (weight_sync.SyncStats): payload, rate per receiver, and where the
     time went (producing the tensors on the trainer: the TP/PP gather; the slowest engine's
-    in-place load after the last byte)."""
+    in-place load after the last byte); nothing when only a retry went through."""
+    if stats is None:
+        return {}
     return {"sync/bytes": stats.bytes, "sync/buckets": stats.buckets, "sync/gbps": stats.gbps,
             "sync/gather_s": stats.source_seconds, "sync/engine_load_s": stats.load_seconds}
 

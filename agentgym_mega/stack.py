@@ -6,6 +6,7 @@ manager that shuts down whatever was started, also when start-up itself fails ha
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 from typing import Iterator
@@ -14,6 +15,9 @@ import ray
 
 from agentgym_mega import platform
 from agentgym_mega.cluster import CriticGroup, Placement, PolicyGroup, roles
+
+log = logging.getLogger(__name__)
+HEALTH_TIMEOUT_S = 30.0  # an engine that does not answer this long after a failed sync counts as dead
 
 
 def env_servers(cfg, options=None) -> tuple[list, list[str], str | None]:
@@ -29,6 +33,10 @@ def env_servers(cfg, options=None) -> tuple[list, list[str], str | None]:
     secret = secrets.token_urlsafe(32)
     actors, urls = start_servers(cfg.env.name, cfg.env.num_servers, options=options, secret=secret)
     return actors, urls, secret
+
+
+class EngineSyncError(RuntimeError):
+    """Engines that did not take a weight update (weight_sync.on_engine_failure=stop, or none left)."""
 
 
 class Stack:
@@ -47,6 +55,7 @@ class Stack:
         self.ref: PolicyGroup | None = None  # with a KL term
         self.critic: CriticGroup | None = None  # with GAE
         self.offload = False  # cluster.offload, resolved once the devices are known
+        self.dropped_engines = 0  # taken out of rotation after a failed weight sync
         self._owns_ray = False
 
     @classmethod
@@ -125,6 +134,54 @@ class Stack:
     def engines_wake(self, tags: tuple[str, ...] | None = None) -> None:
         """Engines take back their memory: all of it, or only `tags` ("weights", "kv_cache")."""
         ray.get([e.wake.remote(tags) for e in self.engines])
+
+    def sync_engines(self, version: int):
+        """The actor's weights to every engine in rotation as `version`; returns the transfer's
+        SyncStats (None when only the retry went through). An engine that did not take them is
+        retried once; one still behind, or dead, is then taken out of rotation and stopped
+        (weight_sync.on_engine_failure=drop; logged) or ends the run (stop): every engine left
+        serves `version`, never a mix of versions."""
+        try:
+            return self.actor.sync_weights(self.engines, version)
+        except Exception as exc:  # rank 0's SyncError, through Ray
+            first = exc
+        stats, behind, dead = None, *self._engines_behind(self.engines, version)
+        if behind:
+            try:
+                stats = self.actor.sync_weights(behind, version)
+            except Exception:  # told below, with the first error
+                pass
+            still, gone = self._engines_behind(behind, version)
+            behind, dead = still, dead + gone
+        failed = behind + dead
+        if not failed:
+            return stats
+        names = ", ".join(f"engine {self.engines.index(e)}" for e in failed)
+        if self.cfg.weight_sync.on_engine_failure == "stop" or len(failed) == len(self.engines):
+            raise EngineSyncError(f"{names} did not take weights version {version} after a retry "
+                                  f"({len(dead)} dead): {first}")
+        log.warning("%s did not take weights version %d after a retry (%d dead): taken out of rotation; "
+                    "%d engine(s) go on. First error: %s", names, version, len(dead),
+                    len(self.engines) - len(failed), first)
+        for engine in failed:
+            ray.kill(engine)
+        self.engines = [e for e in self.engines if e not in failed]
+        self.dropped_engines += len(failed)
+        if self.rollout is not None:
+            self.rollout.use_engines(self.engines)
+        return stats
+
+    @staticmethod
+    def _engines_behind(engines: list, version: int) -> tuple[list, list]:
+        """(engines alive but not serving `version`, engines that do not answer)."""
+        behind, dead = [], []
+        for engine in engines:
+            try:
+                if ray.get(engine.health.remote(), timeout=HEALTH_TIMEOUT_S)["version"] != version:
+                    behind.append(engine)
+            except (ray.exceptions.RayError, TimeoutError):
+                dead.append(engine)
+        return behind, dead
 
     def trainers(self) -> list:
         return [g for g in (self.actor, self.ref, self.critic) if g is not None]

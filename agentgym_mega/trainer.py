@@ -78,7 +78,7 @@ def train(cfg, resume: bool = False) -> dict:
         if resume:  # the engines started from the HF weights: give them the checkpoint's
             stack.trainers_release(actor_params=False)
             stack.engines_wake(("weights",))
-            stack.actor.sync_weights(stack.engines, start - 1)
+            stack.sync_engines(start - 1)
         stack.trainers_release()  # the engines generate first
         stack.engines_wake()
         sampler = TaskSampler(stack.tasks, cfg.trainer.seed, position)
@@ -111,12 +111,12 @@ def train(cfg, resume: bool = False) -> dict:
             stack.trainers_release(actor_params=False)
             stack.engines_wake(("weights",))
             with timer("sync"):
-                synced = stack.actor.sync_weights(stack.engines, step)
+                synced = stack.sync_engines(step)
             stack.trainers_release()
             stack.engines_wake(("kv_cache",))
             tokens = int(batch.attention_mask.sum())
             metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | stack.rollout.timings
-                       | sync_metrics(synced)
+                       | sync_metrics(synced) | {"sync/engines_dropped": stack.dropped_engines}
                        | {"horizon/turn_cap": turn_cap, "perf/tokens_per_s": tokens / sum(timer.seconds.values()),
                           "rollout/logprob_diff": _logprob_gap(batch)} | _ref_kl(batch, cfg))
             if evaluate and cfg.eval.freq and (step % cfg.eval.freq == 0 or step == cfg.trainer.total_steps):

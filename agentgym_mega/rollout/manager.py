@@ -126,6 +126,12 @@ class RolloutManager:
         self._seed: tuple[int, ...] | None = None  # of the collect() running
         self.timings: dict[str, float] = {}  # seconds per phase of the last collect()
 
+
+    def use_engines(self, engines: list) -> None:
+        """The engines in rotation from the next round on (a failed engine taken out)."""
+        if not engines:
+            raise ValueError("RolloutManager needs at least one engine")
+        self.engines = list(engines)
     def collect(self, tasks: list[Task], n_per_task: int, max_turns: int,
                 seed: tuple[int, ...] | None = None) -> TrajectoryBatch:
         """Runs `n_per_task` episodes of every task, each capped at `max_turns` assistant turns.
