@@ -80,6 +80,7 @@ class Placement:
         self.device = "GPU" if gpus else "CPU"
         self.colocated = cfg.cluster.placement == "colocated"
         self.engine_tp = cfg.rollout.engine_tp
+        self.num_engines = cfg.rollout.num_engines
         # Actors sharing a bundle split its device evenly: Ray then gives them all the same GPU.
         self.share = 1.0 / (len(roles(cfg)) + self.colocated)
         unit = {self.device: 1}
@@ -158,9 +159,9 @@ class Placement:
             "runtime_env": {"env_vars": {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, bundles)),
                                          "VLLM_RAY_PER_WORKER_GPUS": str(amount)}}}
 
-    def engine_worker_nodes(self, engines: int) -> list[str]:
-        """The node id of every worker of the first `engines` engines (one per bundle)."""
-        return [self.engine_nodes[b] for i in range(engines) for b in self._engine_bundles(i)]
+    def engine_worker_nodes(self) -> list[str]:
+        """The node id of every worker of every engine of the run (one per bundle)."""
+        return [self.engine_nodes[b] for b in self.engine_order[:self.num_engines * self.engine_tp]]
 
     def env_server(self, index: int) -> dict:
         return self._options(self.env_group, index, 1.0) | {"num_cpus": 1, "num_gpus": 0}
@@ -223,7 +224,7 @@ class TrainerRank:
     def sync_weights(self, engines: list, version: int, engine_nodes: list[str] | None = None):
         """Every rank takes part in the gather to rank 0, which streams to `engines` and returns
         the transfer stats (see config.WeightSyncConfig for how). `engine_nodes`: the node id
-        of every engine worker (default: each engine's own node)."""
+        of every engine worker of the run (default: each engine's own node)."""
         named = self.worker.export_hf()
         try:
             if dist.get_rank() == 0:
@@ -331,7 +332,7 @@ class PolicyGroup(TrainerGroup):
     def sync_weights(self, engines: list, version: int):
         """Streams the current weights to ``engines`` as ``version``; returns the transfer's
         :class:`~agentgym_mega.weight_sync.SyncStats`."""
-        nodes = self.placement.engine_worker_nodes(len(engines)) if self.placement else None
+        nodes = self.placement.engine_worker_nodes() if self.placement else None
         return self._call("sync_weights", engines, version, nodes)
 
 

@@ -41,8 +41,8 @@ def nodes_of(options: list[dict]) -> list[str]:
             ray.kill(actor)
 
 
-def transport(placement: Placement, engines: int, trainer_node: str) -> str:
-    address, _ = endpoint("auto", "127.0.0.1", trainer_node, placement.engine_worker_nodes(engines), cuda=False)
+def transport(placement: Placement, trainer_node: str) -> str:
+    address, _ = endpoint("auto", "127.0.0.1", trainer_node, placement.engine_worker_nodes(), cuda=False)
     return address.split(":")[0]
 
 
@@ -53,11 +53,11 @@ def test_tp_groups_and_engine_workers_stay_within_a_node(two_nodes):
         ranks = nodes_of([placement.trainer(r) for r in range(8)])
         assert len(set(ranks[:4])) == 1 and len(set(ranks[4:])) == 1 and ranks[0] != ranks[4]
         for engine in range(4):
-            workers = placement.engine_worker_nodes(4)[2 * engine:2 * engine + 2]
+            workers = placement.engine_worker_nodes()[2 * engine:2 * engine + 2]
             assert len(set(workers)) == 1, engine
         # the engines' probe (its first bundle) is where its workers are
-        assert nodes_of([placement.engine(e) for e in range(4)]) == placement.engine_worker_nodes(4)[::2]
-        assert transport(placement, 4, ranks[0]) == "tcp"
+        assert nodes_of([placement.engine(e) for e in range(4)]) == placement.engine_worker_nodes()[::2]
+        assert transport(placement, ranks[0]) == "tcp"
     finally:
         placement.remove()
 
@@ -67,6 +67,6 @@ def test_a_run_within_one_node_syncs_over_ipc(two_nodes):
     try:
         ranks = nodes_of([placement.trainer(r) for r in range(4)])
         assert len(set(ranks)) == 1
-        assert transport(placement, 2, ranks[0]) == "ipc"
+        assert transport(placement, ranks[0]) == "ipc"
     finally:
         placement.remove()
