@@ -137,32 +137,32 @@ class Stack:
 
     def sync_engines(self, version: int):
         """The actor's weights to every engine in rotation as `version`; returns the transfer's
-        SyncStats (None when only the retry went through). An engine that did not take them is
-        retried once; one still behind, or dead, is then taken out of rotation and stopped
-        (weight_sync.on_engine_failure=drop; logged) or ends the run (stop): every engine left
-        serves `version`, never a mix of versions."""
-        try:
-            return self.actor.sync_weights(self.engines, version)
-        except Exception as exc:  # rank 0's SyncError, through Ray
-            first = exc
-        stats, behind, dead = None, *self._engines_behind(self.engines, version)
-        if behind:
+        SyncStats (None when only a retry went through). Engines that do not answer are not
+        waited for; one that did not take the weights is retried once. An engine still behind,
+        or dead, is then taken out of rotation and stopped (weight_sync.on_engine_failure=drop;
+        logged) or ends the run (stop): every engine left serves `version`, never a mix."""
+        _, dead = self._engines_behind(self.engines, None)
+        live = [e for e in self.engines if e not in dead]
+        stats, first = None, None
+        for _ in range(2):  # the sync, and one retry of the engines it left behind
+            if not live:
+                break
             try:
-                stats = self.actor.sync_weights(behind, version)
-            except Exception:  # told below, with the first error
-                pass
-            still, gone = self._engines_behind(behind, version)
-            behind, dead = still, dead + gone
-        failed = behind + dead
+                stats = self.actor.sync_weights(live, version)
+            except Exception as exc:  # rank 0's SyncError, through Ray
+                first = first or exc
+            live, gone = self._engines_behind(live, version)
+            dead += gone
+        failed = live + dead
         if not failed:
             return stats
         names = ", ".join(f"engine {self.engines.index(e)}" for e in failed)
+        why = f"{names} did not take weights version {version} ({len(dead)} dead, the rest after a retry)"
+        if first is not None:
+            why += f"; first error: {first}"
         if self.cfg.weight_sync.on_engine_failure == "stop" or len(failed) == len(self.engines):
-            raise EngineSyncError(f"{names} did not take weights version {version} after a retry "
-                                  f"({len(dead)} dead): {first}")
-        log.warning("%s did not take weights version %d after a retry (%d dead): taken out of rotation; "
-                    "%d engine(s) go on. First error: %s", names, version, len(dead),
-                    len(self.engines) - len(failed), first)
+            raise EngineSyncError(why)
+        log.warning("%s: taken out of rotation, %d engine(s) go on", why, len(self.engines) - len(failed))
         for engine in failed:
             ray.kill(engine)
         self.engines = [e for e in self.engines if e not in failed]
@@ -172,7 +172,7 @@ class Stack:
         return stats
 
     @staticmethod
-    def _engines_behind(engines: list, version: int) -> tuple[list, list]:
+    def _engines_behind(engines: list, version: int | None) -> tuple[list, list]:
         """(engines alive but not serving `version`, engines that do not answer)."""
         behind, dead = [], []
         for engine in engines:
