@@ -1,8 +1,9 @@
 """The policy on megatron-core: per-token log-probs and entropy of given tokens, the policy
 update, and (``trainable=False``) the frozen reference policy.
 
-Log-probs use megatron's vocab-parallel cross entropy on the TP-sharded logits, and the entropy
-the same sharded reduction: the full vocabulary is never gathered on one rank.
+Log-probs and entropy come from one fused head on the TP-sharded logits (reductions over the TP
+group, the softmax recomputed in the backward pass): the full vocabulary is never gathered on one
+rank, and a micro-batch's logits are held in fp32 once, not once per term.
 Token convention (the batch record's): ``logprobs[:, t] = log p(input_ids[:, t] | input_ids[:, :t])``
 for ``t >= 1``; position 0 has no prediction and holds 0.
 """
@@ -25,35 +26,67 @@ _PADDED_LOGIT = -1e9
 PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, dict], tuple[torch.Tensor, torch.Tensor, dict]]
 
 
-def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) over the vocabulary split across TP ranks; differentiable."""
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region
+class _LogprobsAndEntropy(torch.autograd.Function):
+    """Log-probs of the targets and entropies from TP-sharded logits in one pass that keeps a
+    single fp32 copy of the logits for the backward pass, which recomputes the softmax from it
+    (megatron's cross entropy plus an autograd entropy kept about three more). Peak: three fp32
+    copies of one micro-batch's logits shard, in the forward and the backward pass alike.
 
-    top = logits.detach().max(dim=-1, keepdim=True).values
-    torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX,
-                                 group=parallel_state.get_tensor_model_parallel_group())
-    shifted = logits - top
-    exp = shifted.exp()
-    z = reduce_from_tensor_model_parallel_region(exp.sum(-1))
-    weighted = reduce_from_tensor_model_parallel_region((exp * shifted).sum(-1))
-    return z.log() - weighted / z  # -sum p log p with log p = shifted - log z
+    With ``x`` the scaled logits, ``log p = x - m - log z`` over the whole vocabulary (``m`` its
+    max, ``z = sum exp(x - m)``, both reduced over the TP group), ``logp = log p[target]`` and
+    ``H = -sum p log p = log z - sum exp(x - m) (x - m) / z``; the gradients are
+    ``d logp / dx = onehot - p`` and ``dH / dx = -p (log p + H)``."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, vocab: int, temperature: float, group):
+        shard = logits.shape[-1]
+        start = torch.distributed.get_rank(group) * shard if group is not None else 0
+        x = logits.float() / temperature  # a new tensor, the one copy kept
+        x.masked_fill_(torch.arange(start, start + shard, device=x.device) >= vocab, _PADDED_LOGIT)
+        top = x.max(dim=-1, keepdim=True).values
+        local = targets - start
+        mine = (local >= 0) & (local < shard)
+        target_logit = x.gather(-1, local.clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1) * mine
+        if group is not None:
+            torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=group)
+        shifted = x - top
+        exp = shifted.exp()
+        sums = torch.stack([exp.sum(-1), exp.mul_(shifted).sum(-1), target_logit])
+        del exp, shifted
+        if group is not None:
+            torch.distributed.all_reduce(sums, group=group)
+        z, weighted, target_logit = sums
+        log_z = z.log()
+        top = top.squeeze(-1)
+        entropy = log_z - weighted / z
+        ctx.save_for_backward(x, top + log_z, entropy, local, mine)
+        ctx.temperature, ctx.dtype = temperature, logits.dtype
+        return target_logit - top - log_z, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        x, log_norm, entropy, local, mine = ctx.saved_tensors
+        log_p = x.sub_(log_norm.unsqueeze(-1))  # x is not needed past this point
+        p = log_p.exp()
+        # dL/dx = g_lp (onehot - p) - g_H p (log p + H), built in log_p's memory
+        grad = log_p.add_(entropy.unsqueeze(-1)).mul_(grad_entropy.unsqueeze(-1)).add_(grad_logp.unsqueeze(-1))
+        grad.mul_(p).neg_()
+        del p
+        grad.scatter_add_(-1, local.clamp(0, grad.shape[-1] - 1).unsqueeze(-1),
+                          (grad_logp * mine).unsqueeze(-1))
+        return grad.div_(ctx.temperature).to(ctx.dtype), None, None, None, None
 
 
 def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, vocab: int,
                                temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``logits``: this TP rank's ``[b, T, V_padded / tp]`` shard. Returns ``[b, T]`` log-probs of
-    ``input_ids`` and entropies, aligned as the module docstring says."""
+    ``input_ids`` and entropies, aligned as the module docstring says; differentiable, and the
+    full vocabulary is never gathered."""
     from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    shard = logits.shape[-1]
-    start = parallel_state.get_tensor_model_parallel_rank() * shard
-    padded = torch.arange(start, start + shard, device=logits.device) >= vocab
-    scaled = (logits.float() / temperature).masked_fill(padded, _PADDED_LOGIT)[:, :-1]
-    # megatron's cross entropy works in place on its input, which the entropy still needs.
-    logp = -vocab_parallel_cross_entropy(scaled.clone(), input_ids[:, 1:])
-    entropy = vocab_parallel_entropy(scaled)
+    group = parallel_state.get_tensor_model_parallel_group()
+    group = group if torch.distributed.get_world_size(group) > 1 else None
+    logp, entropy = _LogprobsAndEntropy.apply(logits[:, :-1], input_ids[:, 1:], vocab, temperature, group)
     return F.pad(logp, (1, 0)), F.pad(entropy, (1, 0))
 
 
