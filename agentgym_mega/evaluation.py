@@ -91,7 +91,7 @@ def evaluate(cfg, model_dir: str, n: int, split: str, limit: int | None, max_tur
 
     max_turns = max_turns or envs.eval_max_turns(cfg.env.name)
     with Stack.start(cfg, trainers=False, engine_model=model_dir) as stack:
-        tasks = select_tasks(stack.env.tasks(), split, None, cfg.env.categories)[:limit]
+        tasks = select_tasks(stack.catalogue, split, None, cfg.env.categories)[:limit]
         batch = stack.rollout.collect(tasks, n, max_turns)
     report = summarize(batch.episodes, n)
     report.update(env=cfg.env.name, split=split, model=model_dir, max_turns=max_turns)

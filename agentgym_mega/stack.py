@@ -47,6 +47,7 @@ class Stack:
         self.placement: Placement | None = None
         self.env_servers: list = []  # Ray actors of the servers started here
         self.env = None  # EnvClient
+        self.catalogue: list = []  # every task the env servers offer, both splits
         self.tasks: list = []  # the run's tasks (env.split, env.task_ids, env.categories)
         self.tokenizer = None
         self.engines: list = []
@@ -93,7 +94,8 @@ class Stack:
         if env:
             self.env_servers, urls, secret = env_servers(cfg, self.placement.env_server)
             self.env = EnvClient(urls, secret=secret)
-            self.tasks = select_tasks(self.env.tasks(), cfg.env.split, cfg.env.task_ids, cfg.env.categories)
+            self.catalogue = self.env.tasks()
+            self.tasks = select_tasks(self.catalogue, cfg.env.split, cfg.env.task_ids, cfg.env.categories)
         self.tokenizer = AutoTokenizer.from_pretrained(engine_model)
         for i in range(cfg.rollout.num_engines):
             self.engines.append(launch_remote(

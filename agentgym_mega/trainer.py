@@ -140,7 +140,7 @@ def train(cfg, resume: bool = False) -> dict:
 def _evaluator(stack: Stack, cfg) -> Evaluator | None:
     if not (cfg.eval.freq or cfg.eval.at_start):
         return None
-    tasks = select_tasks(stack.env.tasks(), cfg.eval.split, None, cfg.env.categories)[: cfg.eval.limit]
+    tasks = select_tasks(stack.catalogue, cfg.eval.split, None, cfg.env.categories)[: cfg.eval.limit]
     return Evaluator(stack.rollout, tasks, cfg)
 
 
