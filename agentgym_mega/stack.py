@@ -195,10 +195,10 @@ class Stack:
             for group in self.trainers():
                 group.release_memory(params=actor_params or group is not self.actor)
 
-    def trainers_restore(self) -> None:
-        """With offload on: every trainer role takes its device memory back."""
+    def trainers_restore(self, groups: list | None = None) -> None:
+        """With offload on: every trainer role (or those of `groups`) takes its device memory back."""
         if self.offload:
-            for group in self.trainers():
+            for group in self.trainers() if groups is None else groups:
                 group.restore_memory()
 
     def shutdown(self) -> None:

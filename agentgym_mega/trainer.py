@@ -54,7 +54,8 @@ def _update(stack: Stack, batch, cfg) -> dict:
 def _save(stack: Stack, cfg, step: int, sampler: TaskSampler) -> None:
     state = {"sampler_position": sampler.position}
     root = os.path.join(cfg.trainer.output_dir, "checkpoints")
-    stack.trainers_restore()
+    saved = [g for g in (stack.actor, stack.critic) if g is not None]  # the reference has nothing to save
+    stack.trainers_restore(saved)
     stack.actor.save_checkpoint(os.path.join(root, "actor"), step, state)
     if stack.critic is not None:
         stack.critic.save_checkpoint(os.path.join(root, "critic"), step, state)
