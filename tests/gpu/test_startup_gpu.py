@@ -23,6 +23,7 @@ def device_init_job(hf_dir: str) -> dict:
 
     platform.init_distributed(tp=1, pp=1, seed=0)
     gpt.load_hf_config(hf_dir)
+    torch.zeros(1, device="cuda")  # the CUDA context's host memory is not the model's
     _reset_peak()
     before = _status_mb("VmRSS")
     actor = MegatronActor(hf_dir, jobs.make_config(1, 1, 1), trainable=False)
