@@ -13,6 +13,8 @@ import os
 import tempfile
 import time
 
+import torch
+
 from agentgym_mega.models.tiny import TinySpec, make_tiny_model
 
 # ~95M parameters (380 MB in fp32): weights, not the interpreter, dominate a rank's memory.
@@ -43,14 +45,21 @@ def rank_start_up(hf_dir: str, tp: int, trainable: bool) -> dict:
     platform.init_distributed(tp=tp, pp=1, seed=0)
     gpt.load_hf_config(hf_dir)  # transformers' config classes: an import, not the load
     cfg = validate({"parallel": {"world_size": tp, "tp": tp}, "model": {"dtype": "float32"}})
+    cuda = platform.has_cuda()
+    if cuda:
+        torch.zeros(1, device=platform.device())  # the CUDA context's host memory is not the model's
     _reset_peak()
     before = _status_mb("VmRSS")
     start = time.perf_counter()
     actor = MegatronActor(hf_dir, cfg, trainable=trainable)
     seconds = time.perf_counter() - start
-    params = sum(p.numel() * p.element_size() for p in actor.model.parameters()) / 2**20
-    return {"load_mb": _status_mb("VmHWM") - before, "params_mb": params, "rss_before_mb": before,
-            "seconds": seconds}
+    params = list(actor.model.parameters())
+    return {"load_mb": _status_mb("VmHWM") - before,
+            "params_mb": sum(p.numel() * p.element_size() for p in params) / 2**20,
+            "rss_before_mb": before, "seconds": seconds,
+            # where the shard lives: on a GPU, on the device and nowhere on the host
+            "device_mb": torch.cuda.memory_allocated() / 2**20 if cuda else 0.0,
+            "on_device": all(p.device.type == platform.device().type for p in params)}
 
 
 def measure(hf_dir: str, tp: int, trainable: bool = False) -> list[dict]:

@@ -21,6 +21,7 @@ def test_each_of_two_tp_ranks_loads_in_at_most_60_percent_of_one_ranks_memory(mo
     for rank in pair:
         assert rank["params_mb"] == pytest.approx(single["params_mb"] / 2, rel=0.01)
         assert rank["load_mb"] <= 0.6 * single["load_mb"], (rank, single)
+    assert single["on_device"] and all(rank["on_device"] for rank in pair)
     # the shard itself is most of what loading holds at its peak
     assert single["load_mb"] <= 1.3 * single["params_mb"], single
 

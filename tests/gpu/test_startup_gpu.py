@@ -15,30 +15,14 @@ pytestmark = [
 ]
 
 
-def device_init_job(hf_dir: str) -> dict:
-    from agentgym_mega import platform
-    from agentgym_mega.bench.startup import _reset_peak, _status_mb
-    from agentgym_mega.models.actor import MegatronActor
-    from tests.distributed import megatron_jobs as jobs
-
-    platform.init_distributed(tp=1, pp=1, seed=0)
-    gpt.load_hf_config(hf_dir)
-    torch.zeros(1, device="cuda")  # the CUDA context's host memory is not the model's
-    _reset_peak()
-    before = _status_mb("VmRSS")
-    actor = MegatronActor(hf_dir, jobs.make_config(1, 1, 1), trainable=False)
-    params = sum(p.numel() * p.element_size() for p in actor.model.parameters())
-    return {"params": params, "device_bytes": torch.cuda.memory_allocated(),
-            "host_peak_mb": _status_mb("VmHWM") - before,
-            "on_cuda": all(p.is_cuda for p in actor.model.parameters())}
-
-
 def test_the_shard_is_built_on_the_device(tiny_qwen2):
-    out = run_on_local_ranks(device_init_job, 1, tiny_qwen2)[0]
-    assert out["on_cuda"]
-    assert out["device_bytes"] >= out["params"]
+    from agentgym_mega.bench import startup
+
+    out = startup.measure(tiny_qwen2, 1)[0]
+    assert out["on_device"]
+    assert out["device_mb"] >= out["params_mb"]
     # host memory holds at most a tensor being read, never the model built on the CPU first
-    assert out["host_peak_mb"] * 2**20 < out["params"] + (64 << 20), out
+    assert out["load_mb"] < out["params_mb"] + 64, out
 
 
 def resume_job(hf_dir: str, root: str) -> dict:
