@@ -64,6 +64,13 @@ def roles(cfg) -> tuple[str, ...]:
             + (("critic",) if cfg.algorithm.estimator == "gae" else ()))
 
 
+def offload_on(cfg, gpus: bool) -> bool:
+    """Whether the trainer roles release their device memory while the engines generate:
+    cluster.offload, where `auto` means on when colocated on GPUs."""
+    return cfg.cluster.offload is True or (cfg.cluster.offload == "auto" and gpus
+                                           and cfg.cluster.placement == "colocated")
+
+
 class Placement:
     """The run's placement groups and, per actor, the Ray options that put it in its bundle.
 
@@ -104,8 +111,11 @@ class Placement:
         addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         self.trainer_nodes = self._bundle_nodes(self.trainer_group)
         self.trainer_order = node_order(self.trainer_nodes, addresses)
-        self.engine_nodes = self._bundle_nodes(self.engine_group)
-        self.engine_order = node_order(self.engine_nodes, addresses) if not self.colocated else self.trainer_order
+        if self.colocated:
+            self.engine_nodes, self.engine_order = self.trainer_nodes, self.trainer_order
+        else:
+            self.engine_nodes = self._bundle_nodes(self.engine_group)
+            self.engine_order = node_order(self.engine_nodes, addresses)
         try:
             check_within_nodes(self.trainer_order, self.trainer_nodes, cfg.parallel.tp, "trainer TP group")
             check_within_nodes(self.engine_order[:engine_bundles], self.engine_nodes, self.engine_tp, "engine")

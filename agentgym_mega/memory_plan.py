@@ -78,6 +78,7 @@ import math
 import os
 from types import SimpleNamespace
 
+from agentgym_mega.cluster import offload_on
 from agentgym_mega.cluster import roles as run_roles
 from agentgym_mega.config import ConfigError, apply_overrides, to_dict, validate
 from agentgym_mega.errors import BadInput
@@ -336,9 +337,7 @@ class Layout:
             tp=cfg.parallel.tp, pp=cfg.parallel.pp, world_size=cfg.parallel.world_size,
             sequence_parallel=cfg.parallel.sequence_parallel, recompute=cfg.parallel.recompute,
             engine_tp=r.engine_tp, num_engines=r.num_engines, placement=cfg.cluster.placement,
-            # planned for GPUs, where auto means on when colocated (stack.Stack)
-            offload=cfg.cluster.offload is True or (cfg.cluster.offload == "auto"
-                                                     and cfg.cluster.placement == "colocated"),
+            offload=offload_on(cfg, gpus=True),  # planned for GPUs
             utilization=r.gpu_memory_utilization, max_model_len=r.max_model_len,
             micro_batch=(t.max_tokens_per_gpu, t.micro_batch_size, t.batch_size * r.n_per_task),
             dtype_bytes=_dtype_bytes(cfg.model.dtype), engine_dtype_bytes=_dtype_bytes(r.dtype),

@@ -14,7 +14,7 @@ from typing import Iterator
 import ray
 
 from agentgym_mega import platform
-from agentgym_mega.cluster import CriticGroup, Placement, PolicyGroup, roles
+from agentgym_mega.cluster import CriticGroup, Placement, PolicyGroup, offload_on, roles
 
 log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 30.0  # an engine that does not answer this long after a failed sync counts as dead
@@ -89,8 +89,7 @@ class Stack:
         self._init_ray(env)
         gpus = ray.cluster_resources().get("GPU", 0) >= 1
         self.placement = Placement(cfg, gpus=gpus, with_env=env)
-        self.offload = cfg.cluster.offload is True or (
-            cfg.cluster.offload == "auto" and gpus and cfg.cluster.placement == "colocated")
+        self.offload = offload_on(cfg, gpus)
         if env:
             self.env_servers, urls, secret = env_servers(cfg, self.placement.env_server)
             self.env = EnvClient(urls, secret=secret)
