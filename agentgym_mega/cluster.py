@@ -183,6 +183,9 @@ class Placement:
             remove_placement_group(group)
 
 
+_ZMQ_FROM_RANK_0 = "zmq from rank 0"  # what ranks > 0 hold for a ZMQ transport: they only gather
+
+
 class TrainerRank:
     """One rank of the actor, the reference policy or the critic (a Ray actor's body)."""
 
@@ -232,32 +235,67 @@ class TrainerRank:
         return self.worker.update(batch, lambda values, mb: critic_loss(values, mb, algorithm))
 
     def sync_weights(self, engines: list, version: int, engine_nodes: list[str] | None = None):
-        """Every rank takes part in the gather to rank 0, which streams to `engines` and returns
-        the transfer stats (see config.WeightSyncConfig for how). `engine_nodes`: the node id
-        of every engine worker of the run (default: each engine's own node)."""
+        """Every rank takes part: in the gather of the tensors and, over the collective transport,
+        each pipeline stage's first rank sends its stage. Returns the transfer stats on rank 0
+        (see config.WeightSyncConfig for the transports). `engine_nodes`: the node id of every
+        engine worker of the run (default: each engine's own node)."""
+        from agentgym_mega.weight_sync.collective import CollectiveWeightSynchronizer
+
+        synchronizer = self._synchronizer(engines, engine_nodes)
+        if synchronizer is None:
+            return None
+        if isinstance(synchronizer, CollectiveWeightSynchronizer):
+            return synchronizer.sync(self.worker.export_hf(per_stage=True), engines, version)
         named = self.worker.export_hf()
         try:
             if dist.get_rank() == 0:
-                return self._synchronizer(engines, engine_nodes).sync(named, engines, version)
+                return synchronizer.sync(named, engines, version)
         finally:
             for _ in named:  # the gather is collective: ranks > 0, or a sync that ended early, drain it
                 pass
         return None
 
     def _synchronizer(self, engines: list, engine_nodes: list[str] | None):
-        """Built at the first sync, when the engines' nodes are known."""
-        if self.synchronizer is None:
-            from agentgym_mega.weight_sync import ZmqWeightSynchronizer, endpoint, new_secret
+        """Built at the first sync, when the engines' nodes are known: rank 0 picks the transport
+        and a secret for the run (it reaches the engines through Ray, as an argument, never over
+        a weight socket) and tells the other ranks. None on ranks > 0 when rank 0 failed to (it
+        raises why)."""
+        if self.synchronizer is not None:
+            return self.synchronizer
+        from megatron.core import parallel_state
 
-            options = self.cfg.weight_sync
-            nodes = engine_nodes or [e["node_id"] for e in ray.get([e.health.remote() for e in engines])]
-            own = ray.get_runtime_context().get_node_id()
-            address, cuda_ipc = endpoint(options.transport, reachable_ip(), own, nodes, platform.has_cuda())
-            # A secret for the run (the synchronizer lives as long as rank 0): it reaches the engines
-            # through Ray, as update_weights(..., secret=...), never over the socket.
+        from agentgym_mega.weight_sync import ZmqWeightSynchronizer, new_secret
+        from agentgym_mega.weight_sync.collective import CollectiveWeightSynchronizer, gather_json
+        from agentgym_mega.weight_sync.zmq_transport import choose_transport, endpoint
+
+        options = self.cfg.weight_sync
+        choice, error = None, None
+        if dist.get_rank() == 0:
+            try:
+                nodes = engine_nodes or [e["node_id"] for e in ray.get([e.health.remote() for e in engines])]
+                own = ray.get_runtime_context().get_node_id()
+                choice = (choose_transport(options.transport, own, nodes, platform.has_cuda()), new_secret())
+            except Exception as exc:  # noqa: BLE001 - raised below, once the other ranks know
+                error, choice = exc, (None, None)
+        transport, secret = gather_json(choice)[0]  # every rank gets here, even when rank 0 failed
+        if error is not None:
+            raise error
+        if transport is None:
+            return None  # rank 0 could not set the sync up, and raises that
+        if transport == "collective":
+            sends = (parallel_state.get_tensor_model_parallel_rank() == 0
+                     and parallel_state.get_data_parallel_rank() == 0)
+            self.synchronizer = CollectiveWeightSynchronizer(
+                parallel_state.get_pipeline_model_parallel_rank() if sends else None, reachable_ip(), secret,
+                bucket_bytes=options.bucket_mb << 20, timeout_s=options.timeout_s,
+                workers_per_engine=self.cfg.rollout.engine_tp)
+        elif dist.get_rank() == 0:
+            address, cuda_ipc = endpoint(transport, reachable_ip())
             self.synchronizer = ZmqWeightSynchronizer(
                 address, bucket_bytes=options.bucket_mb << 20, timeout_s=options.timeout_s,
-                workers_per_engine=self.cfg.rollout.engine_tp, cuda_ipc=cuda_ipc, secret=new_secret())
+                workers_per_engine=self.cfg.rollout.engine_tp, cuda_ipc=cuda_ipc, secret=secret)
+        else:
+            self.synchronizer = _ZMQ_FROM_RANK_0
         return self.synchronizer
 
     def release_memory(self, params: bool) -> None:

@@ -181,12 +181,14 @@ def _stage_of_each_param(local_names: set[str]) -> dict[str, int]:
 
 
 @torch.no_grad()
-def export_hf(model, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
+def export_hf(model, hf_config, per_stage: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """Yields every HF tensor, full and unpadded, in a fixed order, on the model-parallel group's
     first rank (TP rank 0 of PP stage 0); the other ranks yield nothing. A collective: all TP and
     PP ranks must drain the iterator together. Only that rank needs the tensors (it writes or
-    streams them), so TP shards are gathered to it alone and other stages send it theirs. At TP=1
-    tensors can be views of the parameters: use them before the weights change."""
+    streams them), so TP shards are gathered to it alone and other stages send it theirs. With
+    `per_stage`, the first TP rank of every stage yields its own stage's tensors instead (each
+    stage then sends its own, at once). At TP=1 tensors can be views of the parameters: use them
+    before the weights change."""
     from megatron.core import parallel_state
 
     tp_group = parallel_state.get_tensor_model_parallel_group()
@@ -222,7 +224,7 @@ def export_hf(model, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
                 dist.gather(local, shards, dst=tp_ranks[0], group=tp_group)
             if first_in_tp:
                 tensors = mapping.to_hf(rule, shards, geo)
-        if first_in_tp and owner[name] != 0:
+        if first_in_tp and owner[name] != 0 and not per_stage:
             if my_stage == owner[name]:
                 for t in tensors:
                     dist.send(t.contiguous(), dst=pp_ranks[0], group=pp_group)
@@ -230,7 +232,7 @@ def export_hf(model, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
                 tensors = [torch.empty(_hf_shape(geo, h), dtype=sample.dtype, device=sample.device) for h in rule.hf]
                 for t in tensors:
                     dist.recv(t, src=pp_ranks[owner[name]], group=pp_group)
-        if first_in_tp and my_stage == 0:
+        if first_in_tp and my_stage == (owner[name] if per_stage else 0):
             yield from zip(rule.hf, tensors)
 
 

@@ -57,18 +57,19 @@ def to_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 view of the tensor on the CPU (no copy when it is already a contiguous CPU tensor)."""
-    return tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
+def as_bytes(tensor: torch.Tensor, device: str | torch.device = "cpu") -> torch.Tensor:
+    """A flat uint8 view of the tensor on `device` (no copy when it is already a contiguous tensor there)."""
+    return tensor.detach().to(device).contiguous().view(-1).view(torch.uint8)
 
 
-def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[Bucket]:
+def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
+         device: str | torch.device = "cpu") -> Iterator[Bucket]:
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
     bucket, room = Bucket({}, [], []), bucket_bytes
     for index, (name, tensor) in enumerate(named_tensors):
         bucket.specs[index] = TensorSpec.of(name, tensor)
-        data, offset = as_bytes(tensor), 0
+        data, offset = as_bytes(tensor, device), 0
         while offset < data.numel():
             if room == 0:
                 yield bucket

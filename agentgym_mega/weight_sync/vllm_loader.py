@@ -6,9 +6,10 @@ import glob
 import os
 import time
 
+import torch
 from safetensors import safe_open
 
-from agentgym_mega.weight_sync.zmq_transport import StagingArea, SyncError, ZmqWeightReceiver
+from agentgym_mega.weight_sync.zmq_transport import SyncError, ZmqWeightReceiver
 
 
 def checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
@@ -23,24 +24,6 @@ def checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_complete(expected: dict[str, tuple[int, ...]], tensors) -> None:
-    """An update must carry exactly the checkpoint's tensors with their shapes; checked before
-    anything is loaded, so a wrong update leaves the served weights untouched."""
-    got = {name: tuple(t.shape) for name, t in tensors}
-    missing = sorted(set(expected) - set(got))
-    extra = sorted(set(got) - set(expected))
-    wrong = sorted(n for n in set(got) & set(expected) if got[n] != expected[n])
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing (e.g. {missing[0]})")
-    if extra:
-        problems.append(f"{len(extra)} unknown (e.g. {extra[0]})")
-    if wrong:
-        problems.append(f"{wrong[0]} has shape {got[wrong[0]]}, expected {expected[wrong[0]]}")
-    if problems:
-        raise SyncError("weight update rejected: " + "; ".join(problems))
-
-
 def _refresh_tied_lm_head(model) -> None:
     """Checkpoints of tied models carry no lm_head.weight, so vLLM's layerwise reload updates
     embed_tokens but restores the LM head's derived kernel (on CPU a packed GEMM weight) from
@@ -52,30 +35,113 @@ def _refresh_tied_lm_head(model) -> None:
     model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
 
 
+# vLLM's CPU kernels pack a linear layer's weight into this closure and empty the parameter.
+_CPU_KERNEL = "cpu_linear"
+
+
+def _snapshot(model) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    """What a streamed update that fails part-way is rolled back to: a host copy of this
+    worker's weights as served (its TP shard, in kernel format) and, on CPU, the packed kernels
+    themselves (a reload builds new ones, so holding the old ones keeps them intact)."""
+    state = dict(model.named_parameters())
+    state.update(model.named_buffers())
+    kernels = {name: getattr(m, _CPU_KERNEL) for name, m in model.named_modules() if hasattr(m, _CPU_KERNEL)}
+    return {name: t.detach().to("cpu", copy=True) for name, t in state.items()}, kernels
+
+
+def _restore(model, snapshot) -> None:
+    saved, kernels = snapshot
+    state = dict(model.named_parameters())
+    state.update(model.named_buffers())
+    for name, tensor in saved.items():
+        state[name].data.copy_(tensor)
+    modules = dict(model.named_modules())
+    for name, kernel in kernels.items():
+        setattr(modules[name], _CPU_KERNEL, kernel)
+    _refresh_tied_lm_head(model)
+
+
 class VLLMWeightLoader:
-    """Worker methods callable through `LLM.collective_rpc` (prefixed to avoid clashes)."""
+    """Worker methods callable through `LLM.collective_rpc` (prefixed to avoid clashes). They
+    return an error message instead of raising: vLLM's collective_rpc returns at the first worker
+    that raises, and the other workers' replies would then answer the engine's next call."""
 
     def agm_receive_weights(self, address: str, version: int, timeout_s: float,
-                            secret: str | bytes | None = None) -> int:
+                            secret: str | bytes | None = None) -> str | None:
+        try:
+            self._agm_receive_weights(address, version, timeout_s, secret)
+        except Exception as exc:  # noqa: BLE001 - the engine raises it, once every worker answered
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def _agm_receive_weights(self, address: str, version: int, timeout_s: float, secret: str | bytes | None):
+        """Loads the tensors into vLLM as they arrive (its loaders fuse QKV / gate-up, keep this
+        worker's TP shard and redo post-load processing such as CPU weight packing); a stream
+        that does not end in a matching COMMIT puts the previous weights back."""
+        # Refuses tcp:// without a secret, and CUDA IPC handles anywhere but over ipc://.
+        receiver = ZmqWeightReceiver(address, timeout_s, secret=secret)
+        try:
+            error = self._agm_load(receiver.stream(version, self._agm_checkpoint_shapes()))
+            if error is not None:
+                receiver.reply(version, error=f"{type(error).__name__}: {error}")
+                raise error
+            receiver.reply(version, load_seconds=time.perf_counter() - receiver.committed_at)
+        finally:
+            receiver.close()
+
+    def _agm_checkpoint_shapes(self) -> dict[str, tuple[int, ...]]:
         if not hasattr(self, "_agm_shapes"):
             self._agm_shapes = checkpoint_shapes(self.vllm_config.model_config.model)
-            self._agm_staging = StagingArea()
-        # Refuses tcp:// without a secret, and CUDA IPC handles anywhere but over ipc://.
-        receiver = ZmqWeightReceiver(address, timeout_s, self._agm_staging, secret=secret)
+        return self._agm_shapes
+
+    def _agm_load(self, stream, keep=lambda loaded: loaded) -> Exception | None:
+        """Streams `stream` into the served model through vLLM's in-place reload, then asks
+        `keep(loaded)` whether to keep the result; if not, or if the stream or the load failed,
+        puts back the snapshot taken before. Returns the error (None when the version was kept)."""
+        model = self.model_runner.get_model()
+        snapshot = _snapshot(model)
+        error = None
         try:
-            got, tensors = receiver.receive(version)
-            if got != version:
-                raise SyncError(f"expected weights version {version}, the trainer sent {got}")
-            check_complete(self._agm_shapes, tensors)
-            start = time.perf_counter()
-            # vLLM's own in-place reload: its loaders fuse QKV / gate-up, shard for TP and redo
-            # any post-load processing (e.g. CPU weight packing).
-            self.reload_weights(weights_iterator=iter(tensors))
-            _refresh_tied_lm_head(self.model_runner.get_model())
-        except Exception as exc:
-            receiver.reply(version, error=f"{type(exc).__name__}: {exc}")
-            receiver.close()
-            raise
-        receiver.reply(version, load_seconds=time.perf_counter() - start)
-        receiver.close()
-        return version
+            self.reload_weights(weights_iterator=stream)
+            _refresh_tied_lm_head(model)
+        except Exception as exc:  # noqa: BLE001 - returned, after the rollback
+            error = exc
+            # vLLM's layerwise reload stopped with layers half-way: put its kernel tensors back first
+            from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+        finally:
+            stream.close()  # a stream left early still drains (collective) or ends its socket reads
+        if keep(error is None) and error is None:
+            return None
+        _restore(model, snapshot)
+        return error or SyncError("another member of the group did not take the version; previous weights restored")
+
+    def agm_receive_collective(self, group: dict, first_rank: int, version: int,
+                               secret: str | bytes) -> str | None:
+        try:
+            self._agm_receive_collective(group, first_rank, version, secret)
+        except Exception as exc:  # noqa: BLE001 - the engine raises it, once every worker answered
+            return f"{type(exc).__name__}: {exc}"
+        return None
+
+    def _agm_receive_collective(self, group: dict, first_rank: int, version: int, secret: str | bytes) -> None:
+        """Joins the sync's stage groups (once per group: kept until a failure or a new group),
+        loads the tensors as they arrive (see _agm_receive_weights), then votes: keeps the
+        version only if every member of the group took it, and otherwise puts the previous
+        weights back. Host memory: the snapshot of this worker's shard, two buckets, and the
+        tensors of the layers being loaded (vLLM holds a layer's tensors until it is complete)."""
+        from agentgym_mega.weight_sync.collective import CollectiveReceiver, GroupSpec
+
+        spec = GroupSpec.of(group)
+        receiver = getattr(self, "_agm_group", None)
+        if receiver is None or receiver.spec.id != spec.id:
+            if receiver is not None:
+                receiver.close()
+            self._agm_group = None
+            receiver = self._agm_group = CollectiveReceiver(spec, first_rank + self.rank, secret)
+        error = self._agm_load(receiver.stream(version, self._agm_checkpoint_shapes()), keep=receiver.vote)
+        if error is not None:
+            receiver.close()  # never reused after a failure
+            self._agm_group = None
+            raise error

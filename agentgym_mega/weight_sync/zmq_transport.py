@@ -13,10 +13,11 @@ Protocol (trainer = ROUTER, bound; each engine worker = DEALER, connected):
 The trainer streams: it packs tensors as its iterator produces them (e.g. gathered from
 megatron TP/PP shards one at a time), so it never holds the whole model. Frames are sent with
 ``copy=False``, straight from the tensors' memory. The engine receives every byte straight into
-its staging buffers (kept between syncs, see StagingArea) and hands the tensors over only after
-a COMMIT that matches what arrived, so an interrupted stream (timeout, dead peer) leaves its
-weights untouched: an update is all-or-nothing. The trainer checks that every ACK names the
-version it sent.
+the memory of the tensor it belongs to and hands each tensor to its loader once complete (vLLM's
+loaders then keep only the worker's TP shard), so no worker holds a full copy of the model. An
+update is all-or-nothing all the same: the loader keeps a snapshot of what it serves and puts it
+back unless the stream ends in a COMMIT that matches what arrived (see vllm_loader). The trainer
+checks that every ACK names the version it sent.
 
 Authentication. A per-run secret (>= 32 random bytes, see new_secret) reaches the engines through
 Ray, as an argument of ``update_weights``, never over the socket. Each side proves it holds the
@@ -67,7 +68,7 @@ import secrets
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -162,19 +163,24 @@ def default_address() -> str:
     return f"ipc://{directory}/sock"
 
 
-def endpoint(transport: str, host: str, trainer_node: str, engine_nodes: Sequence[str],
-             cuda: bool) -> tuple[str, bool]:
-    """Where the trainer binds its sender, and whether it sends CUDA IPC handles, for engine
-    workers on `engine_nodes` (node ids, compared with the trainer's `trainer_node`; `host` is
-    the trainer's address for tcp). See config.WeightSyncConfig for what `transport` means."""
+def choose_transport(transport: str, trainer_node: str, engine_nodes: Sequence[str], cuda: bool) -> str:
+    """weight_sync.transport with `auto` resolved, for engine workers on `engine_nodes` (node ids,
+    compared with the trainer's `trainer_node`); see config.WeightSyncConfig for what each means."""
     remote = sorted(set(engine_nodes) - {trainer_node})
     if transport == "auto":
-        transport = "tcp" if remote else "cuda_ipc" if cuda else "ipc"
+        transport = "collective" if remote else "cuda_ipc" if cuda else "ipc"
     if transport in ("ipc", "cuda_ipc") and remote:
         raise SyncError(f"weight_sync.transport={transport} reaches engines on the trainer's node "
-                        f"({trainer_node}) only, but engine workers run on {', '.join(remote)}: use tcp or auto")
+                        f"({trainer_node}) only, but engine workers run on {', '.join(remote)}: "
+                        "use collective, tcp or auto")
     if transport == "cuda_ipc" and not cuda:
         raise SyncError("weight_sync.transport=cuda_ipc needs GPUs; this trainer has none: use ipc or auto")
+    return transport
+
+
+def endpoint(transport: str, host: str) -> tuple[str, bool]:
+    """Where the trainer binds its ZMQ sender for a resolved `transport` (ipc, cuda_ipc or tcp;
+    `host` is the trainer's address for tcp), and whether it sends CUDA IPC handles."""
     if transport == "tcp":
         return f"tcp://{host}:0", False
     return default_address(), transport == "cuda_ipc"
@@ -344,7 +350,8 @@ class ZmqWeightSender:
                     tensor = tensor.detach().contiguous()
                     held.append(tensor)
                     spec = TensorSpec.of(name, tensor)
-                    meta = json.dumps({"op": "HANDLE", "index": index, "spec": dataclasses.astuple(spec)})
+                    meta = json.dumps({"op": "HANDLE", "index": index, "spec": dataclasses.astuple(spec),
+                                       "device_uuid": device_uuid(tensor.device.index) if tensor.is_cuda else None})
                     self._send(peers, [meta.encode(), pickle.dumps(reduce_tensor(tensor))])
                     count, params, sent, messages = count + 1, params + spec.numel, sent + spec.nbytes, messages + 1
                     if progress:
@@ -421,27 +428,6 @@ class ZmqWeightSender:
                     pass
 
 
-class StagingArea:
-    """Per-tensor byte buffers an engine receives into, kept from one sync to the next.
-
-    Each sync carries the same tensors, so after the first one every byte lands in memory that
-    is already mapped. Receiving into fresh memory instead page-faults a model's worth of pages
-    per sync, which on the CPU machines we measured made receiving 2-4x slower than the wire.
-    Costs one copy of the model in host memory per engine worker for the engine's lifetime."""
-
-    def __init__(self):
-        self._buffers: dict[int, torch.Tensor] = {}
-
-    def buffer(self, index: int, spec: TensorSpec) -> torch.Tensor:
-        """The bytes of the `index`-th tensor of the stream, reused while its size stays put."""
-        if index not in self._buffers or self._buffers[index].numel() != spec.nbytes:
-            self._buffers[index] = torch.empty(spec.nbytes, dtype=torch.uint8)
-        return self._buffers[index]
-
-    def tensor(self, index: int, spec: TensorSpec) -> torch.Tensor:
-        return self.buffer(index, spec).view(to_dtype(spec.dtype)).view(spec.shape)
-
-
 def _storage_from_bytes(data: bytes):
     """What a pickled CPU storage loads through (torch.storage._load_from_bytes), with torch's
     weights-only loader instead of an unrestricted one."""
@@ -475,7 +461,41 @@ class _HandleUnpickler(pickle.Unpickler):
         raise SyncError(f"refusing a CUDA IPC handle that names {module}.{name}")
 
 
-def _load_handle(data: bytes, spec: TensorSpec) -> torch.Tensor:
+def _checked(spec: TensorSpec, expected: dict[str, tuple[int, ...]] | None) -> TensorSpec:
+    if expected is not None:
+        if spec.name not in expected:
+            raise SyncError(f"weight update rejected: {spec.name} is not a tensor of the served checkpoint")
+        if expected[spec.name] != spec.shape:
+            raise SyncError(f"weight update rejected: {spec.name} has shape {spec.shape}, "
+                            f"expected {expected[spec.name]}")
+    return spec
+
+
+def device_uuid(index: int | None) -> str:
+    """The physical identity of a CUDA device of this process (its index depends on the process's
+    CUDA_VISIBLE_DEVICES; the UUID does not)."""
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).uuid)
+
+
+_STORAGE_DEVICE = 6  # rebuild_cuda_tensor's argument naming the sender's device index
+
+
+def rewrite_device(args: tuple, sender_uuid: str | None, local_uuids: Sequence[str]) -> tuple:
+    """rebuild_cuda_tensor's arguments with the sender's device index replaced by this process's
+    index of the same physical GPU: under Ray each process sees its own CUDA_VISIBLE_DEVICES, so
+    the trainer's cuda:0 can be the engine's cuda:3. A GPU this process cannot see is an error."""
+    if sender_uuid is None:
+        raise SyncError("a CUDA IPC handle without the sender's device UUID: cannot tell which GPU it is on")
+    if sender_uuid not in local_uuids:
+        raise SyncError(f"CUDA IPC handle on GPU {sender_uuid}, which this engine worker cannot see "
+                        f"(it sees {', '.join(local_uuids) or 'none'}): CUDA IPC needs the trainer rank and the "
+                        "engine worker on the same GPU; use weight_sync.transport=collective")
+    args = list(args)
+    args[_STORAGE_DEVICE] = list(local_uuids).index(sender_uuid)
+    return tuple(args)
+
+
+def _load_handle(data: bytes, spec: TensorSpec, sender_uuid: str | None) -> torch.Tensor:
     from torch.multiprocessing.reductions import rebuild_cuda_tensor, rebuild_tensor
 
     try:
@@ -488,6 +508,8 @@ def _load_handle(data: bytes, spec: TensorSpec) -> torch.Tensor:
             and isinstance(loaded[1], tuple)):
         raise SyncError(f"malformed CUDA IPC handle for {spec.name}")
     fn, args = loaded
+    if fn is rebuild_cuda_tensor:
+        args = rewrite_device(args, sender_uuid, [device_uuid(i) for i in range(torch.cuda.device_count())])
     tensor = fn(*args)
     if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != spec.shape \
             or str(tensor.dtype).removeprefix("torch.") != spec.dtype:
@@ -496,15 +518,15 @@ def _load_handle(data: bytes, spec: TensorSpec) -> torch.Tensor:
 
 
 class ZmqWeightReceiver:
-    """Engine side: pulls one complete version of the weights, or raises SyncError. Pass the
-    same `staging` to every sync of an engine (see StagingArea); the tensors returned are views
-    of it, valid until the next sync. `secret`: the run's secret, which the trainer must prove
-    it holds; required for any address but a local one (an ipc:// socket file, inproc://)."""
+    """Engine side: pulls one version of the weights, tensor by tensor (:meth:`stream`), or all
+    of it (:meth:`receive`); raises SyncError on anything short of a complete, committed version.
+    `secret`: the run's secret, which the trainer must prove it holds; required for any address
+    but a local one (an ipc:// socket file, inproc://)."""
 
-    def __init__(self, address: str, timeout_s: float = 120.0, staging: StagingArea | None = None,
-                 secret: str | bytes | None = None):
+    def __init__(self, address: str, timeout_s: float = 120.0, secret: str | bytes | None = None):
         self.timeout_ms = int(timeout_s * 1000)
-        self.staging = staging or StagingArea()
+        self.version = None  # of the last complete stream
+        self.committed_at = None  # perf_counter() when its COMMIT arrived
         self._secret = _secret_bytes(secret)
         if self._secret is None and not _local_only(address):
             raise SyncError(f"refusing to take weights from {address} without a secret to authenticate "
@@ -566,13 +588,17 @@ class ZmqWeightReceiver:
         ready = {} if self._secret is None else {"proof": proof(self._secret, "engine", ours, theirs, offered)}
         self._sock.send(_json("READY", **ready))
 
-    def receive(self, version: int | None = None) -> tuple[int, list[tuple[str, torch.Tensor]]]:
-        """Returns (version, [(name, tensor), ...]) once every byte of a version arrived; with
-        `version`, a stream of any other version is a SyncError."""
+    def stream(self, version: int | None = None, expected: dict[str, tuple[int, ...]] | None = None,
+               order: dict[str, int] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yields each (name, tensor) of the version as soon as its last byte arrived, each in
+        memory of its own; ends without error only at a COMMIT that matches what arrived. With
+        `version`, a stream of any other version is a SyncError; with `expected` (name -> shape),
+        so is a tensor the served checkpoint lacks or has in another shape (checked before any
+        memory is set aside for it), and a COMMIT before every expected tensor arrived. `order`,
+        if given, is filled with each tensor's position in the trainer's stream."""
         self._handshake(version)
         specs: dict[int, TensorSpec] = {}
-        mapped: dict[int, torch.Tensor] = {}  # CUDA IPC: the trainer's tensors themselves
-        received: dict[int, int] = {}
+        partial: dict[int, list] = {}  # index -> [bytes, how many arrived]
         while True:
             message = self._recv_header()
             op = message.get("op")
@@ -586,34 +612,57 @@ class ZmqWeightReceiver:
                             "handles are pickles and are accepted only from an ipc:// socket file on this node; "
                             "keeping the previous weights")
                     index = int(message["index"])
-                    name, dtype, shape = message["spec"]
-                    specs[index] = TensorSpec(name, dtype, tuple(shape))
+                    specs[index] = _checked(TensorSpec(*message["spec"][:2], tuple(message["spec"][2])), expected)
                     self._more("a CUDA IPC handle")
-                    mapped[index], received[index] = _load_handle(self._sock.recv(), specs[index]), specs[index].nbytes
+                    yield specs[index].name, _load_handle(self._sock.recv(), specs[index], message.get("device_uuid"))
                     continue
                 if op != "BUCKET":
                     raise SyncError(f"malformed weight stream: unexpected {op!r} message")
+                done = []
                 for index, (name, dtype, shape) in message["specs"].items():
-                    specs[int(index)] = TensorSpec(name, dtype, tuple(shape))
+                    spec = _checked(TensorSpec(name, dtype, tuple(shape)), expected)
+                    specs[int(index)] = spec
+                    partial[int(index)] = [torch.empty(spec.nbytes, dtype=torch.uint8), 0]
+                    if spec.nbytes == 0:  # no segment will come for it
+                        done.append(int(index))
                 for index, offset, nbytes in message["segments"]:
-                    target = self.staging.buffer(index, specs[index])[offset : offset + nbytes]
-                    self._recv_into(target, f"bytes {offset}-{offset + nbytes} of {specs[index].name}")
-                    received[index] = received.get(index, 0) + nbytes
-            except (KeyError, TypeError, ValueError) as exc:
+                    data, got = partial[index]
+                    if offset != got or offset + nbytes > data.numel():
+                        raise SyncError(f"malformed weight stream: bytes {offset}-{offset + nbytes} of "
+                                        f"{specs[index].name}")
+                    self._recv_into(data[offset : offset + nbytes], f"bytes {offset}-{offset + nbytes} of "
+                                    f"{specs[index].name}")
+                    partial[index][1] = got + nbytes
+                    if partial[index][1] == data.numel():
+                        done.append(index)
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
                 raise SyncError(f"malformed weight stream: bad {op} header ({type(exc).__name__}: {exc})") from None
             if self._sock.getsockopt(zmq.RCVMORE):
                 raise SyncError("malformed weight stream: a bucket has more frames than segments")
+            for index in done:
+                spec = specs[index]
+                yield spec.name, partial.pop(index)[0].view(to_dtype(spec.dtype)).view(spec.shape)
+        self.committed_at = time.perf_counter()
+        if order is not None:
+            order.update((spec.name, index) for index, spec in specs.items())
         got = message.get("version")
         if version is not None and got != version:
             raise SyncError(f"the trainer committed version {got}, this engine expects version {version}; "
                             "keeping the previous weights")
-        short = [s.name for i, s in specs.items() if received.get(i, 0) != s.nbytes]
-        if len(specs) != message.get("tensors") or short:
+        if len(specs) != message.get("tensors") or partial:
             raise SyncError(f"version {got} incomplete: got {len(specs)} of {message.get('tensors')} tensors"
-                            + (f", {short[0]} short" if short else ""))
-        tensors = [(specs[i].name, mapped[i] if i in mapped else self.staging.tensor(i, specs[i]))
-                   for i in sorted(specs)]
-        return got, tensors
+                            + (f", {specs[next(iter(partial))].name} short" if partial else ""))
+        missing = sorted(set(expected or ()) - {s.name for s in specs.values()})
+        if missing:
+            raise SyncError(f"weight update rejected: {len(missing)} missing (e.g. {missing[0]})")
+        self.version = got
+
+    def receive(self, version: int | None = None) -> tuple[int, list[tuple[str, torch.Tensor]]]:
+        """Returns (version, [(name, tensor), ...]) once every byte of a version arrived; with
+        `version`, a stream of any other version is a SyncError."""
+        order = {}  # tensors complete out of order (a zero-size one before a split one): keep the stream's
+        tensors = [(name, tensor) for name, tensor in self.stream(version, order=order)]
+        return self.version, sorted(tensors, key=lambda item: order[item[0]])
 
     def reply(self, version: int, error: str | None = None, load_seconds: float = 0.0) -> None:
         body = ({"op": "ACK", "version": version, "load_seconds": load_seconds} if error is None

@@ -27,6 +27,13 @@ def sequences(prompts, generations):
     return ids, mask
 
 
+def logprob_gap(group, prompts, generations) -> torch.Tensor:
+    """|trainer - engine| log-probs of the tokens the engine generated (temperature 1)."""
+    ids, mask = sequences(prompts, generations)
+    megatron = group.logprobs(ids, 1.0)[mask.bool()]
+    return (megatron - torch.tensor([lp for g in generations for lp in g.logprobs])).abs()
+
+
 class Gone:
     """An actor killed before the sync: calling it fails as a crashed engine does."""
 
@@ -81,10 +88,7 @@ def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
         assert ray.get(engine.health.remote())["version"] == 1
 
         after = ray.get(engine.generate.remote(prompts, sampling, [3] * len(prompts)))
-        ids, mask = sequences(prompts, after)
-        megatron = group.logprobs(ids, 1.0)[mask.bool()]
-        vllm = torch.tensor([lp for g in after for lp in g.logprobs])
-        diff = (megatron - vllm).abs()
+        diff = logprob_gap(group, prompts, after)
         print(f"megatron TP=2 -> vLLM: mean |dlogp| {diff.mean():.2e}, max {diff.max():.2e}")
         assert diff.mean() <= MEAN_TOLERANCE and diff.max() <= 10 * MEAN_TOLERANCE
     finally:

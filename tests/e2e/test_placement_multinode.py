@@ -1,6 +1,6 @@
 """Placement on a simulated two-node cluster (ray.cluster_utils.Cluster: two raylets on this
 machine, 4 logical GPUs each): every trainer TP group and every engine's TP workers land on one
-node, and the weight sync's `auto` transport is tcp exactly when an engine worker is on another
+node, and the weight sync's `auto` transport is collective exactly when an engine worker is on another
 node than trainer rank 0."""
 
 import pytest
@@ -8,7 +8,7 @@ import ray
 
 from agentgym_mega.cluster import Placement
 from agentgym_mega.config import load_config
-from agentgym_mega.weight_sync import endpoint
+from agentgym_mega.weight_sync import choose_transport
 from tests.e2e.test_placement import Probe
 
 pytestmark = pytest.mark.slow  # two raylets and a dozen actor processes: about a minute on 2 cores
@@ -42,8 +42,7 @@ def nodes_of(options: list[dict]) -> list[str]:
 
 
 def transport(placement: Placement, trainer_node: str) -> str:
-    address, _ = endpoint("auto", "127.0.0.1", trainer_node, placement.engine_worker_nodes(), cuda=False)
-    return address.split(":")[0]
+    return choose_transport("auto", trainer_node, placement.engine_worker_nodes(), cuda=False)
 
 
 def test_tp_groups_and_engine_workers_stay_within_a_node(two_nodes):
@@ -57,7 +56,7 @@ def test_tp_groups_and_engine_workers_stay_within_a_node(two_nodes):
             assert len(set(workers)) == 1, engine
         # the engines' probe (its first bundle) is where its workers are
         assert nodes_of([placement.engine(e) for e in range(4)]) == placement.engine_worker_nodes()[::2]
-        assert transport(placement, ranks[0]) == "tcp"
+        assert transport(placement, ranks[0]) == "collective"
     finally:
         placement.remove()
 

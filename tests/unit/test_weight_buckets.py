@@ -9,11 +9,12 @@ import torch
 
 from agentgym_mega.weight_sync.buckets import Segment, pack
 from agentgym_mega.weight_sync.zmq_transport import (
-    StagingArea,
     SyncError,
     ZmqWeightReceiver,
     ZmqWeightSender,
+    choose_transport,
     endpoint,
+    rewrite_device,
 )
 from tests.unit.weight_sync_peers import SECRET, HandMadeTrainer
 
@@ -70,13 +71,13 @@ def test_bucket_size_must_be_positive():
         list(pack([("t", torch.zeros(1))], 0))
 
 
-def _roundtrip(tensors, bucket_bytes, timeout_s=10.0, staging=None, address=None, cuda_ipc=False, secret=None):
+def _roundtrip(tensors, bucket_bytes, timeout_s=10.0, address=None, cuda_ipc=False, secret=None):
     sender = ZmqWeightSender(address, bucket_bytes=bucket_bytes, timeout_s=timeout_s, cuda_ipc=cuda_ipc,
                              secret=secret)
     out = {}
 
     def receive():
-        receiver = ZmqWeightReceiver(sender.address, timeout_s, staging, secret=secret)
+        receiver = ZmqWeightReceiver(sender.address, timeout_s, secret=secret)
         out["version"], out["tensors"] = receiver.receive()
         receiver.reply(out["version"])
         receiver.close()
@@ -125,21 +126,6 @@ def test_sender_times_out_without_engines():
     sender.close()
 
 
-def test_an_engine_receives_every_sync_into_the_same_staging_memory():
-    staging = StagingArea()
-    first = [("a", torch.arange(6.0)), ("b", torch.ones(3, dtype=torch.bfloat16))]
-    second = [("a", torch.arange(6.0) * -1), ("b", torch.full((3,), 2.0, dtype=torch.bfloat16))]
-    _, got1 = _roundtrip(first, bucket_bytes=16, staging=staging)  # "a" is split over two buckets
-    pointers = [t.data_ptr() for _, t in got1["tensors"]]
-    _, got2 = _roundtrip(second, bucket_bytes=16, staging=staging)
-    assert [t.data_ptr() for _, t in got2["tensors"]] == pointers  # no fresh memory per sync
-    for (_, sent), (_, got) in zip(second, got2["tensors"]):
-        assert torch.equal(got, sent)
-    # a tensor whose size changed gets a buffer of its new size
-    _, got3 = _roundtrip([("a", torch.arange(8.0)), second[1]], bucket_bytes=16, staging=staging)
-    assert torch.equal(got3["tensors"][0][1], torch.arange(8.0))
-
-
 def _raw_stream(messages):
     """A trainer that sends hand-made multipart messages after the handshake."""
     trainer = HandMadeTrainer(messages)
@@ -167,18 +153,23 @@ def test_a_malformed_stream_is_a_sync_error(frames, error):
         _raw_stream([frames])
 
 
-ID = {"10.0.0.1": "node-a", "10.0.0.2": "node-b"}  # Ray node ids of two nodes
-
-
 @pytest.mark.parametrize("transport,engines,cuda,expected", [
-    ("auto", ["10.0.0.1"], False, ("ipc://", False)),
-    ("auto", ["10.0.0.1", "10.0.0.1"], True, ("ipc://", True)),
-    ("auto", ["10.0.0.1", "10.0.0.2"], True, ("tcp://10.0.0.1:0", False)),
-    ("tcp", ["10.0.0.1"], False, ("tcp://10.0.0.1:0", False)),
-    ("ipc", ["10.0.0.1"], True, ("ipc://", False)),
+    ("auto", ["node-a"], False, "ipc"),
+    ("auto", ["node-a", "node-a"], True, "cuda_ipc"),
+    ("auto", ["node-a", "node-b"], True, "collective"),
+    ("auto", ["node-b"], False, "collective"),
+    ("tcp", ["node-a", "node-b"], False, "tcp"),
+    ("collective", ["node-a"], False, "collective"),
+    ("ipc", ["node-a"], True, "ipc"),
 ])
-def test_the_endpoint_follows_where_the_engines_run(transport, engines, cuda, expected):
-    address, cuda_ipc = endpoint(transport, "10.0.0.1", "node-a", [ID[e] for e in engines], cuda)
+def test_the_transport_follows_where_the_engines_run(transport, engines, cuda, expected):
+    assert choose_transport(transport, "node-a", engines, cuda) == expected
+
+
+@pytest.mark.parametrize("transport,expected", [
+    ("ipc", ("ipc://", False)), ("cuda_ipc", ("ipc://", True)), ("tcp", ("tcp://10.0.0.1:0", False))])
+def test_the_zmq_endpoint_of_each_transport(transport, expected):
+    address, cuda_ipc = endpoint(transport, "10.0.0.1")
     assert address.startswith(expected[0]) and cuda_ipc == expected[1]
     if address.startswith("ipc://"):  # a fresh private directory, which no sender bound here
         directory = os.path.dirname(address.removeprefix("ipc://"))
@@ -192,17 +183,17 @@ def test_the_endpoint_follows_where_the_engines_run(transport, engines, cuda, ex
 ])
 def test_a_node_local_transport_for_remote_engines_is_refused(transport, cuda, error):
     with pytest.raises(SyncError, match=error):
-        endpoint(transport, "10.0.0.1", "node-a", ["node-a", "node-b"], cuda)
+        choose_transport(transport, "node-a", ["node-a", "node-b"], cuda)
 
 
 def test_cuda_ipc_without_gpus_is_refused():
     with pytest.raises(SyncError, match="needs GPUs"):
-        endpoint("cuda_ipc", "10.0.0.1", "node-a", ["node-a"], cuda=False)
+        choose_transport("cuda_ipc", "node-a", ["node-a"], cuda=False)
 
 
 def test_a_whole_sync_travels_over_tcp():
     tensors = [("a", torch.arange(5.0)), ("b", torch.ones(2, 2))]  # 36 bytes
-    address, _ = endpoint("tcp", "127.0.0.1", "node-a", ["node-a"], False)
+    address, _ = endpoint("tcp", "127.0.0.1")
     stats, out = _roundtrip(tensors, bucket_bytes=8, address=address, secret=SECRET)
     assert stats.version == 7 and stats.buckets == 5
     assert [(n, t.tolist()) for n, t in out["tensors"]] == [(n, t.tolist()) for n, t in tensors]
@@ -216,3 +207,23 @@ def test_handle_messages_carry_tensors_without_buckets():
     assert stats.buckets == 0 and stats.tensors == 2
     for (_, sent), (_, got) in zip(tensors, out["tensors"]):
         assert got.dtype == sent.dtype and torch.equal(got, sent)
+
+
+# rebuild_cuda_tensor's arguments as reduce_tensor makes them, the device index at position 6
+HANDLE_ARGS = ("Tensor", (3, 4), (4, 1), 0, "TypedStorage", "float32", 0, b"handle", 48, 0, False, b"ref", 0,
+               b"event", True)
+GPUS = ["GPU-aaaa", "GPU-bbbb", "GPU-cccc"]  # this process's devices 0, 1, 2
+
+
+@pytest.mark.parametrize("sender,expected", [("GPU-aaaa", 0), ("GPU-cccc", 2)])
+def test_a_cuda_handle_names_the_engines_own_index_of_the_same_gpu(sender, expected):
+    rewritten = rewrite_device(HANDLE_ARGS, sender, GPUS)
+    assert rewritten[6] == expected
+    assert rewritten[:6] == HANDLE_ARGS[:6] and rewritten[7:] == HANDLE_ARGS[7:]
+
+
+@pytest.mark.parametrize("sender,error", [("GPU-dddd", "which this engine worker cannot see"),
+                                          (None, "without the sender's device UUID")])
+def test_a_cuda_handle_from_a_gpu_the_engine_cannot_see_is_refused(sender, error):
+    with pytest.raises(SyncError, match=error):
+        rewrite_device(HANDLE_ARGS, sender, GPUS)

@@ -59,7 +59,7 @@ def test_the_malicious_handle_really_runs_code_when_unpickled(tmp_path):
 
 def _unrestricted_loader(calls):
     """The receiver's handle loading as it was before the fix (plain pickle), recording calls."""
-    def load(data, spec):
+    def load(data, spec, sender_uuid):
         calls.append(spec.name)
         fn, args = pickle.loads(data)
         return fn(*args)

@@ -41,6 +41,14 @@ class InferenceEngine(abc.ABC):
         file."""
 
     @abc.abstractmethod
+    def update_weights_collective(self, group: dict, first_rank: int, version: int,
+                                  secret: str | bytes) -> int:
+        """Receives a version over the collective transport (weight_sync.collective): every
+        worker of the engine joins the `group` (a GroupSpec as a dict) as rank `first_rank` +
+        its own rank, and the version is kept only if every member of the group took it;
+        otherwise the engine serves its previous weights. Returns the version now served."""
+
+    @abc.abstractmethod
     def sleep(self) -> None:
         """Releases accelerator memory (weights, KV cache) while the trainer uses the device."""
 

@@ -12,6 +12,7 @@ import os
 from agentgym_mega import platform
 from agentgym_mega.network import reachable_ip
 from agentgym_mega.rollout.engines.base import Generation, InferenceEngine, SamplingConfig
+from agentgym_mega.weight_sync.zmq_transport import SyncError
 
 LOADER = "agentgym_mega.weight_sync.vllm_loader.VLLMWeightLoader"
 CPU_STEP_TOKENS = 4096  # vLLM's own CPU default budget of tokens per engine step
@@ -32,6 +33,9 @@ class VLLMEngine(InferenceEngine):
         from vllm import LLM
 
         self._gpu = platform.has_cuda()
+        if not self._gpu and tp > 1:
+            # vLLM's CPU workers otherwise each want a NUMA node of their own to bind threads to
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self.llm = LLM(
             model=model,
             tensor_parallel_size=tp,
@@ -86,7 +90,19 @@ class VLLMEngine(InferenceEngine):
 
     def update_weights(self, address: str, version: int, timeout_s: float = 120.0,
                        secret: str | bytes | None = None) -> int:
-        self.llm.collective_rpc("agm_receive_weights", args=(address, version, timeout_s, secret))
+        return self._serving(version, self.llm.collective_rpc("agm_receive_weights",
+                                                              args=(address, version, timeout_s, secret)))
+
+    def update_weights_collective(self, group: dict, first_rank: int, version: int,
+                                  secret: str | bytes) -> int:
+        return self._serving(version, self.llm.collective_rpc("agm_receive_collective",
+                                                              args=(group, first_rank, version, secret)))
+
+    def _serving(self, version: int, errors: list[str | None]) -> int:
+        """After a weight update: `errors`, one per worker (None: took it)."""
+        failed = [e for e in errors if e]
+        if failed:
+            raise SyncError(f"{len(failed)} of {len(errors)} worker(s) did not take version {version}: {failed[0]}")
         # Cached KV blocks were computed with the old weights.
         self.llm.reset_prefix_cache()
         self.version = version
