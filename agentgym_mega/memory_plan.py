@@ -61,9 +61,11 @@ Phases of the loop (:mod:`agentgym_mega.trainer`, :mod:`agentgym_mega.stack`), p
   rest is released; without, everything stays) + on the sending rank (TP rank 0 of the first
   stage) what the export holds: at TP>1 the gather buffers (one layer and the embedding, whole) and,
   with CUDA IPC, every exported tensor that is a copy (all at TP>1 or from other stages; Q/K/V at
-  TP=1) until the engines acknowledge; over bytes transports one tensor at a time (buckets are
-  staged in host memory, not on the GPU). ``auto`` resolves to CUDA IPC when every engine shares
-  the first trainer node.
+  TP=1) until the engines acknowledge; otherwise one tensor at a time. The collective transport
+  sends from TP rank 0 of every stage, through two buckets on its GPU, and each engine worker
+  receives into two buckets plus the whole tensors of the layer it is loading; ZMQ buckets live in
+  host memory. ``auto`` resolves to CUDA IPC when every engine shares the first trainer node, to
+  the collective otherwise.
 Colocated engines run on trainer GPUs 0 .. num_engines * engine_tp - 1; split placement plans
 trainer GPUs and engine GPUs apart. A phase fits when its peak on every GPU is within the usable
 memory.
@@ -291,17 +293,29 @@ def qkv_params(a: Arch, layers: int) -> int:
     return layers * rows * (a.hidden + (1 if a.qkv_bias else 0))
 
 
-def sync_bytes(a: Arch, tp: int, pp: int, cuda_ipc: bool, dtype_bytes: int) -> int:
-    """What exporting the weights adds on the sending rank (TP rank 0 of the first stage)."""
+def sync_bytes(a: Arch, tp: int, pp: int, transport: str, dtype_bytes: int, bucket_bytes: int) -> int:
+    """What exporting the weights adds on a sending rank (TP rank 0 of the first stage, or of
+    every stage over the collective transport), for a resolved `transport`."""
     embedding = gpt.padded_vocab_size(a.vocab, tp) * a.hidden
     gather = (sum(layer_params(a, 1)) + embedding) if tp > 1 else 0
-    if cuda_ipc:  # every exported copy stays mapped until the engines acknowledge
+    if transport == "cuda_ipc":  # every exported copy stays mapped until the engines acknowledge
         # at TP=1 the first stage's own tensors go out as views of its parameters, but Q/K/V
         views = 0 if tp > 1 else stage_params(a, 1, pp, 0) - qkv_params(a, a.layers // pp)
         held = max(0, total_params(a) - views)
-    else:
-        held = a.vocab * a.hidden if tp > 1 or pp > 1 else 0  # the largest tensor, one at a time
-    return (gather + held) * dtype_bytes
+        return (gather + held) * dtype_bytes
+    held = a.vocab * a.hidden if tp > 1 or pp > 1 else 0  # the largest tensor, one at a time
+    # the collective packs into two device buckets (one filling, one in flight); ZMQ sends from host
+    buckets = 2 * bucket_bytes if transport == "collective" else 0
+    return (gather + held) * dtype_bytes + buckets
+
+
+def engine_sync_bytes(a: Arch, transport: str, engine_dtype_bytes: int, bucket_bytes: int) -> int:
+    """What receiving adds on an engine worker's GPU over the collective transport: two buckets
+    and the whole tensors of the layer being loaded (vLLM keeps a layer's until it is complete;
+    a layer or the embedding, whichever is larger)."""
+    if transport != "collective":
+        return 0
+    return 2 * bucket_bytes + max(sum(layer_params(a, 1)), a.vocab * a.hidden) * engine_dtype_bytes
 
 
 # -- the layout and its plan -------------------------------------------------------------------
@@ -325,6 +339,7 @@ class Layout:
     dtype_bytes: int
     engine_dtype_bytes: int
     transport: str
+    bucket_bytes: int
     roles: tuple
     gpus_per_node: int
     gpu_bytes: int
@@ -341,7 +356,8 @@ class Layout:
             utilization=r.gpu_memory_utilization, max_model_len=r.max_model_len,
             micro_batch=(t.max_tokens_per_gpu, t.micro_batch_size, t.batch_size * r.n_per_task),
             dtype_bytes=_dtype_bytes(cfg.model.dtype), engine_dtype_bytes=_dtype_bytes(r.dtype),
-            transport=cfg.weight_sync.transport, roles=run_roles(cfg), gpus_per_node=gpus_per_node,
+            transport=cfg.weight_sync.transport, bucket_bytes=cfg.weight_sync.bucket_mb << 20,
+            roles=run_roles(cfg), gpus_per_node=gpus_per_node,
             gpu_bytes=round(gpu_mem_gb * GB), nodes=nodes,
         )
 
@@ -377,14 +393,14 @@ class Layout:
             f"trainer.micro_batch_size and trainer.max_tokens_per_gpu are null: a micro-batch is a rank's "
             f"whole slice of the batch ({share} sequences of up to {self.max_model_len} tokens); set one")
 
-    def cuda_ipc(self) -> bool:
+    def sync_transport(self) -> str:
         """weight_sync.transport resolved as the trainer resolves auto: CUDA IPC when every engine
         shares the first trainer node (colocated engines fill trainer GPUs from 0; split engines
-        can share it only when everything fits on one node)."""
+        can share it only when everything fits on one node), the collective otherwise."""
         if self.transport != "auto":
-            return self.transport == "cuda_ipc"
+            return self.transport
         span = self.engine_gpus if self.placement == "colocated" else self.gpus_needed
-        return span <= self.gpus_per_node
+        return "cuda_ipc" if span <= self.gpus_per_node else "collective"
 
 
 def _engine(a: Arch, lay: Layout) -> dict:
@@ -416,13 +432,16 @@ def _trainer_gpu(a: Arch, lay: Layout, stage: int, tokens: int, engine: dict | N
     state = sum(r["params"] + r["grads"] + r["optimizer"] for r in held.values())
     actor = held["actor"]
     awake, asleep = (engine["claim"], engine["overhead"]) if engine else (0, 0)
-    sync_extra = sync_bytes(a, lay.tp, lay.pp, lay.cuda_ipc(), lay.dtype_bytes) if stage == 0 else 0
+    transport = lay.sync_transport()
+    sends = stage == 0 or transport == "collective"  # the collective sends from every stage
+    sync_extra = sync_bytes(a, lay.tp, lay.pp, transport, lay.dtype_bytes, lay.bucket_bytes) if sends else 0
+    receiving = engine_sync_bytes(a, transport, lay.engine_dtype_bytes, lay.bucket_bytes) if engine else 0
     phases = {
         "startup": (asleep if lay.offload else awake) + state,
         "rollout": awake + (0 if lay.offload else state),
         "training": asleep + state + actor["activations"] + actor["logprob_peak"],
         "weight_sync": asleep + (engine["weights"] if engine else 0) + (actor["params"] if lay.offload else state)
-        + sync_extra,
+        + sync_extra + receiving,
     }
     if engine:
         held["engine"] = {k: engine[k] for k in ("weights", "kv_cache", "overhead")}
@@ -462,7 +481,9 @@ def plan_layout(a: Arch, lay: Layout) -> dict:
         gpus.append({"name": "engine GPUs", "roles": {"engine": {k: engine[k] for k in ("weights", "kv_cache",
                                                                                           "overhead")}},
                      "phases": {"startup": engine["claim"], "rollout": engine["claim"],
-                                "training": engine["overhead"], "weight_sync": engine["overhead"] + engine["weights"]}})
+                                "training": engine["overhead"],
+                                "weight_sync": engine["overhead"] + engine["weights"] + engine_sync_bytes(
+                                    a, lay.sync_transport(), lay.engine_dtype_bytes, lay.bucket_bytes)}})
     phases = {p: max(g["phases"][p] for g in gpus) for p in PHASES}
     peak_phase = max(PHASES, key=lambda p: phases[p])
     reason = None
@@ -483,7 +504,7 @@ def plan_layout(a: Arch, lay: Layout) -> dict:
         "layout": {"placement": lay.placement, "offload": lay.offload, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
                    "world_size": lay.world_size, "sequence_parallel": lay.sequence_parallel,
                    "recompute": lay.recompute, "engine_tp": lay.engine_tp, "num_engines": lay.num_engines,
-                   "micro_batch_tokens": tokens, "weight_sync": "cuda_ipc" if lay.cuda_ipc() else "bytes",
+                   "micro_batch_tokens": tokens, "weight_sync": lay.sync_transport(),
                    "roles": list(lay.roles)},
         "engine": engine,
         "gpus": gpus,

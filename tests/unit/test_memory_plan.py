@@ -188,6 +188,24 @@ def test_offload_and_placement_change_the_phases():
     assert "engine" not in split["gpus"][0]["roles"] and not split["layout"]["offload"]
 
 
+def test_a_run_over_two_nodes_syncs_by_collective_and_plans_its_buckets():
+    seven_b = os.path.join(REPO, "configs", "recipes", "babyai_qwen2.5-7b.yaml")
+    split = ["cluster.placement=split", "rollout.num_engines=4", "weight_sync.bucket_mb=512"]
+    two_nodes = plan_of(seven_b, split)
+    assert two_nodes["layout"]["weight_sync"] == "collective"  # 12 GPUs: engines on another node
+    zmq = plan_of(seven_b, [*split, "weight_sync.transport=tcp"])
+    assert zmq["layout"]["weight_sync"] == "tcp"
+    engine = {p["name"]: p for p in two_nodes["gpus"]}["engine GPUs"]["phases"]["weight_sync"]
+    engine_zmq = {p["name"]: p for p in zmq["gpus"]}["engine GPUs"]["phases"]["weight_sync"]
+    a = mp.Arch.of(architecture("qwen2.5-7b-instruct"))
+    layer_or_embedding = max(sum(mp.layer_params(a, 1)), a.vocab * a.hidden) * 2  # bf16 engines
+    assert engine - engine_zmq == 2 * (512 << 20) + layer_or_embedding
+    # every stage sends over the collective: the last stage's sender holds two buckets too
+    trainer = two_nodes["gpus"][0]["phases"]["weight_sync"] - zmq["gpus"][0]["phases"]["weight_sync"]
+    assert trainer == 2 * (512 << 20)
+    assert plan_of(seven_b)["layout"]["weight_sync"] == "cuda_ipc"  # colocated on one node
+
+
 def test_architecture_is_checked_against_the_checkpoints_config(tmp_path):
     facts = architecture("qwen2.5-7b-instruct")
     (tmp_path / "config.json").write_text(json.dumps(facts | {"hidden_size": 4096, "model_type": "qwen2"}))
