@@ -15,6 +15,7 @@ from envs import KINDS, limits
 _FORMAT = argparse.RawDescriptionHelpFormatter
 _BENCH_JSON = "write the report here"
 _REPORT_JSON = "also write the report as JSON here"
+_SYNC_TRANSPORTS = ("zmq", "collective")  # bench sync --transport (agentgym_mega.bench.sync.TRANSPORTS)
 
 
 # Argument types: a bad value exits 2 with argparse's message naming the option.
@@ -45,6 +46,14 @@ def _port(text: str) -> int:
 def _concurrency(text: str) -> list[int]:
     parse = _bounded(int, 1, "a comma list of integers >= 1, e.g. 1,16,64,256")
     return [parse(item.strip()) for item in text.split(",")]
+
+
+def _transports(text: str) -> list[str]:
+    transports = [t.strip() for t in text.split(",")]
+    unknown = [t for t in transports if t not in _SYNC_TRANSPORTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown transport(s) {unknown}; allowed: {', '.join(_SYNC_TRANSPORTS)}")
+    return transports
 
 
 def _checks(text: str) -> list[str]:
@@ -433,7 +442,8 @@ def _add_bench(sub) -> None:
             "--json PATH, writes them as JSON. Timings on shared CPU machines are indicative.\n"
             "  train     forward+backward tokens/s: megatron actor at TP=1 and TP=2 vs transformers\n"
             "  rollout   generation tokens/s through the engine wrapper vs vLLM called directly\n"
-            "  sync      weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity\n"
+            "  sync      weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity;\n"
+            "            or, with --receivers/--transport, zmq vs collective to 1..N receivers\n"
             "  env       environment server steps/s and latency, per-request vs batched\n"
             "  learn     held-out success before and after RL on the CPU demo's task, per estimator\n"
             "  startup   host memory and time of building and loading a rank's shard, TP=1 vs TP=2"
@@ -491,23 +501,55 @@ def _add_bench_rollout(benches) -> None:
 
 def _add_bench_sync(benches) -> None:
     b = _command(
-        benches, "sync", run=lambda a: _bench("sync").run(a.tp, a.bucket_mb, a.repeats),
-        help="weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity",
+        benches, "sync", run=_run_bench_sync,
+        help="weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity; or transport scaling",
         description=(
-            "Streams a ~104M-parameter Qwen2 from megatron-core ranks (gathered over TP) into a vLLM\n"
-            "engine that started from different weights, then, --repeats times, takes an optimizer\n"
-            "step and syncs again, as training does. Measures the raw ZMQ rate of the same bytes\n"
-            "between two processes and compares vLLM's log-probs with the trainer's. Reports params,\n"
-            "bytes, seconds and gbps (median of the repeats; the first sync, which also pays one-time\n"
-            "staging allocation and vLLM's weight repacking, as first_*), ceiling_gbps and the\n"
-            "log-prob differences."
+            "Two modes.\n"
+            "\n"
+            "megatron -> vLLM (the default: neither --receivers nor --transport given): streams a\n"
+            "~104M-parameter Qwen2 from megatron-core ranks (gathered over TP) into a vLLM engine that\n"
+            "started from different weights, then, --repeats times, takes an optimizer step and syncs\n"
+            "again, as training does. Measures the raw ZMQ rate of the same bytes between two processes\n"
+            "and compares vLLM's log-probs with the trainer's. Reports params, bytes, seconds and gbps\n"
+            "(median of the repeats; the first sync, which also pays one-time staging allocation and\n"
+            "vLLM's weight repacking, as first_*), ceiling_gbps and the log-prob differences. Options:\n"
+            "--tp, --bucket-mb, --repeats.\n"
+            "\n"
+            "transport scaling (--receivers and/or --transport; no megatron, no vLLM): a synthetic model\n"
+            "of --size-mb MiB goes from a sender process to N receiver processes over each transport:\n"
+            "zmq (a full copy to each receiver over tcp://) and collective (a gloo chain: the sender\n"
+            "sends one copy, each receiver forwards it to the next). After one untimed warm-up sync\n"
+            "(which also connects or builds the group), --repeats timed syncs. One row per transport\n"
+            "and receiver count: seconds (median per sync, push to every receiver's ACK/vote),\n"
+            "sender_bytes (median bytes that left the sender per sync, from its TCP sockets' counters),\n"
+            "model_bytes, sender_bytes_ratio and gbps_per_receiver. All processes share this machine's\n"
+            "cores, so seconds growing with receivers here mostly measures that; sender_bytes is what\n"
+            "the transport decides. Options: --receivers (default 1,2,4), --transport (default\n"
+            "zmq,collective), --size-mb, --bucket-mb, --repeats."
         ),
     )
     _json_option(b, _BENCH_JSON)
-    b.add_argument("--tp", type=_COUNT, default=2, help="trainer tensor-parallel size (ranks)")
+    b.add_argument("--tp", type=_COUNT, default=2, help="megatron mode: trainer tensor-parallel size (ranks)")
     b.add_argument("--bucket-mb", type=_COUNT, default=64, help="bucket size in MiB")
     b.add_argument("--repeats", type=_COUNT, default=3,
-                   help="syncs after the first, each after an optimizer step (default 3)")
+                   help="timed syncs after the first (default 3); megatron mode: each after an optimizer step")
+    b.add_argument("--receivers", type=_concurrency, default=None,
+                   help="transport mode: comma list of receiver counts (default 1,2,4)")
+    b.add_argument("--transport", type=_transports, default=None,
+                   help=f"transport mode: comma list of {', '.join(_SYNC_TRANSPORTS)} (default both)")
+    b.add_argument("--size-mb", type=_COUNT, default=None,
+                   help="transport mode: synthetic model size in MiB (default 256)")
+
+
+def _run_bench_sync(args) -> dict:
+    sync = _bench("sync")
+    if args.receivers is None and args.transport is None:
+        if args.size_mb is not None:
+            raise BadInput("--size-mb sizes the transport mode's model: pass --receivers and/or --transport "
+                           "with it (the megatron -> vLLM mode syncs a fixed ~104M-parameter model)")
+        return sync.run(args.tp, args.bucket_mb, args.repeats)
+    return sync.run_transports(args.receivers or [1, 2, 4], args.transport or list(_SYNC_TRANSPORTS),
+                               args.size_mb or 256, args.bucket_mb, args.repeats)
 
 
 def _add_bench_env(benches) -> None:

@@ -7,15 +7,31 @@ one-time costs (the engine allocates its staging memory, and vLLM's CPU kernels 
 weights into newly allocated memory), so it is reported apart (`first_*`); `seconds` and `gbps`
 are the median of the syncs after it, each carrying the new weights of another optimizer step.
 The ceiling is the best of as many raw transfers, so the ratio is not flattered by one slow raw
-run."""
+run.
+
+Transport mode (`run_transports`, `bench sync --receivers/--transport`): no megatron, no vLLM. A
+synthetic model of about `size_mb` MiB goes from a sender process to 1..N receiver processes over
+each real transport, zmq (ZmqWeightSender/Receiver over tcp://) and collective (the gloo chain of
+CollectiveSender/Receiver), after one untimed warm-up sync that also sets up the connections or
+the group. Per (transport, receivers) it reports the median seconds per sync, timed in the sender
+from push() to its return (every receiver acknowledged or voted), and sender_bytes: what left the
+sender process per sync, summed over its TCP sockets' kernel counters (TCP_INFO
+tcpi_bytes_sent). /proc/self/io wchar is reported too (sender_wchar) but is no measure of what
+ZMQ sends: it counts write()/writev() (gloo's path), not send()/sendmsg() (libzmq's)."""
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
+import queue
 import shutil
+import socket
+import statistics
+import struct
 import tempfile
 import time
+import traceback
 
 import torch
 import zmq
@@ -129,3 +145,356 @@ def _logprob_gap(actor, engine) -> torch.Tensor:
         mask[i, len(p) : len(p) + len(g.token_ids)] = True
     megatron = actor.logprobs(ids, 1.0)[mask]
     return (megatron - torch.tensor([lp for g in generations for lp in g.logprobs])).abs()
+
+
+# -- transport mode: zmq vs collective from one sender to N receivers, no megatron, no vLLM --------
+
+TRANSPORTS = ("zmq", "collective")
+_TRANSPORT_TIMEOUT_S = 300.0  # per sync step and per barrier: far above a 256 MiB sync to 4 receivers
+_LAYERS = 8
+
+
+def synthetic_layout(size_mb: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, dtype) of a decoder-shaped model of about `size_mb` MiB: an fp32 embedding
+    (about 30% of the bytes: bigger than a 64 MiB bucket at 256 MiB), 8 layers of fp32 attention
+    and bf16 MLP matrices with tiny fp32 norms, biases and a 4-element tensor, and a bf16 head."""
+    total = size_mb << 20
+    # a layer holds 28 * hidden^2 bytes (+ its small tensors); the layers get ~55% of the total
+    hidden = max(64, round(math.sqrt(0.55 * total / (28 * _LAYERS)) / 64) * 64)
+    kv, ffn = hidden // 4, 3 * hidden
+    layers = []
+    for i in range(_LAYERS):
+        p = f"layers.{i}."
+        layers += [(p + "input_norm.weight", (hidden,), "float32"),
+                   (p + "attn.q.weight", (hidden, hidden), "float32"),
+                   (p + "attn.q.bias", (hidden,), "float32"),
+                   (p + "attn.kv.weight", (2 * kv, hidden), "float32"),
+                   (p + "attn.o.weight", (hidden, hidden), "float32"),
+                   (p + "attn.scale", (4,), "float32"),
+                   (p + "post_norm.weight", (hidden,), "float32"),
+                   (p + "mlp.gate_up.weight", (2 * ffn, hidden), "bfloat16"),
+                   (p + "mlp.down.weight", (hidden, ffn), "bfloat16")]
+    layers.append(("final_norm.weight", (hidden,), "float32"))
+    used = sum(_nbytes(shape, dtype) for _, shape, dtype in layers)
+    rest = max(total - used, 6 * hidden * 4)
+    embed_rows = max(1, rest * 2 // 3 // (hidden * 4))
+    head_rows = max(1, (rest - embed_rows * hidden * 4) // (hidden * 2))
+    return [("embed.weight", (embed_rows, hidden), "float32"), *layers,
+            ("lm_head.weight", (head_rows, hidden), "bfloat16")]
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    return math.prod(shape) * (2 if dtype == "bfloat16" else 4)
+
+
+def _marker(index: int) -> float:
+    return float(index % 97) + 0.5  # exact in bf16 and fp32
+
+
+def _probes(index: int, numel: int, version: int) -> list[tuple[int, float]]:
+    """(position, value) of the elements a receiver checks: the version first, markers of the
+    tensor's index in the middle and at the end (so a lost, shifted or swapped segment shows)."""
+    return [(0, float(version % 128)), (numel // 2, -_marker(index)), (numel - 1, _marker(index))]
+
+
+def synthetic_model(size_mb: int, seed: int = 0) -> list[tuple[str, torch.Tensor]]:
+    """The tensors of synthetic_layout(size_mb): deterministic random values, probe markers set."""
+    g = torch.Generator().manual_seed(seed)
+    model = []
+    for index, (name, shape, dtype) in enumerate(synthetic_layout(size_mb)):
+        tensor = torch.randn(shape, generator=g).to(getattr(torch, dtype))
+        flat = tensor.view(-1)
+        for position, value in _probes(index, flat.numel(), 0)[1:]:
+            flat[position] = value
+        model.append((name, tensor))
+    return model
+
+
+def _stamp(model: list[tuple[str, torch.Tensor]], version: int) -> None:
+    for _, tensor in model:
+        tensor.view(-1)[0] = float(version % 128)
+
+
+class _Checker:
+    """A receiver's check of one version: names, shapes, dtypes and probe values of every tensor."""
+
+    def __init__(self, layout, version: int):
+        self.index = {name: (i, shape, dtype) for i, (name, shape, dtype) in enumerate(layout)}
+        self.version, self.seen = version, set()
+
+    def check(self, name: str, tensor: torch.Tensor) -> None:
+        if name not in self.index or name in self.seen:
+            raise ValueError(f"version {self.version}: unexpected or repeated tensor {name!r}")
+        self.seen.add(name)
+        index, shape, dtype = self.index[name]
+        if tuple(tensor.shape) != shape or tensor.dtype != getattr(torch, dtype):
+            raise ValueError(f"version {self.version}: {name} arrived as {tensor.dtype}{list(tensor.shape)}, "
+                             f"sent as {dtype}{list(shape)}")
+        flat = tensor.reshape(-1)
+        for position, value in _probes(index, flat.numel(), self.version):
+            want = torch.tensor(value, dtype=tensor.dtype).item()
+            if flat[position].item() != want:
+                raise ValueError(f"version {self.version}: {name}[{position}] is {flat[position].item()}, "
+                                 f"sent {want}: the transport corrupted the bytes")
+
+    def complete(self) -> None:
+        if len(self.seen) != len(self.index):
+            raise ValueError(f"version {self.version}: {len(self.seen)} of {len(self.index)} tensors arrived")
+
+
+def _wchar() -> int:
+    """/proc/self/io wchar: bytes this process passed to write()/writev() (not send()/sendmsg())."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
+
+
+def tcp_bytes_sent() -> dict[str, tuple[int, int]]:
+    """(bytes sent, of which retransmitted) of each TCP socket of this process, by socket inode
+    (TCP_INFO tcpi_bytes_sent and tcpi_bytes_retrans).
+
+    Covers every thread's sockets (libzmq's I/O thread, gloo's pairs): whatever system call wrote
+    the bytes, the kernel counts them per connection."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            dup = os.dup(int(fd))
+        except OSError:  # closed meanwhile
+            continue
+        try:
+            sock = socket.socket(fileno=dup)
+        except OSError:  # not a socket (any more)
+            os.close(dup)
+            continue
+        try:
+            if link.startswith("socket:") and sock.family in (socket.AF_INET, socket.AF_INET6) \
+                    and sock.type == socket.SOCK_STREAM:
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+                # tcpi_bytes_sent (Linux >= 4.19) at byte 200; before it, tcpi_bytes_acked (+1: the SYN)
+                out[link] = ((struct.unpack_from("Q", info, 200)[0] if len(info) >= 208
+                              else max(struct.unpack_from("Q", info, 120)[0] - 1, 0)),
+                             struct.unpack_from("Q", info, 208)[0] if len(info) >= 216 else 0)
+        except OSError:
+            pass
+        finally:
+            sock.close()  # the duplicate only: the connection stays open
+    return out
+
+
+def sent_since(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    """(bytes sent, retransmitted) between two tcp_bytes_sent() readings."""
+    return tuple(sum(n[i] - before.get(key, (0, 0))[i] for key, n in after.items()) for i in (0, 1))
+
+
+def _transport_sender(transport: str, receivers: int, size_mb: int, bucket_bytes: int, repeats: int,
+                      secret: str, spec: dict | None, barrier, results) -> None:
+    """The sending process: builds the model, then 1 + `repeats` syncs, each started when every
+    receiver waits at `barrier` and measured from inside this process."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from agentgym_mega.weight_sync.collective import CollectiveSender, GroupSpec
+    from agentgym_mega.weight_sync.zmq_transport import ZmqWeightSender
+
+    torch.set_num_threads(1)
+    sender = None
+    try:
+        model = synthetic_model(size_mb)
+        model_bytes = sum(t.numel() * t.element_size() for _, t in model)
+        if transport == "zmq":
+            sender = ZmqWeightSender("tcp://127.0.0.1:0", bucket_bytes=bucket_bytes,
+                                     timeout_s=_TRANSPORT_TIMEOUT_S, secret=secret)
+            results.put(("address", sender.address))
+        else:
+            group = GroupSpec.of(spec)
+            host, port = group.stores[0]
+            store = dist.TCPStore(host, port, group.world, is_master=False,
+                                  timeout=datetime.timedelta(seconds=group.timeout_s))
+            sender = CollectiveSender(group, 0, store, secret)  # waits for every receiver to join
+        syncs = []
+        for version in range(repeats + 1):
+            _stamp(model, version)
+            barrier.wait()  # every receiver is ready for this version
+            tcp, wchar = tcp_bytes_sent(), _wchar()
+            start = time.perf_counter()
+            stats = sender.push(model, version, receivers) if transport == "zmq" else sender.push(model, version)
+            seconds = time.perf_counter() - start
+            wchar, (sent, retrans) = _wchar() - wchar, sent_since(tcp, tcp_bytes_sent())
+            barrier.wait()  # measured: the receivers may let go of their connections
+            if stats.bytes != model_bytes or stats.receivers != receivers:
+                raise RuntimeError(f"version {version}: pushed {stats.bytes} bytes to {stats.receivers} "
+                                   f"receivers, expected {model_bytes} to {receivers}")
+            syncs.append({"seconds": seconds, "sender_bytes": sent, "sender_retrans_bytes": retrans,
+                          "sender_wchar": wchar})
+        results.put(("sender", syncs))
+    except BaseException:
+        barrier.abort()
+        results.put(("error", f"{transport} sender: {traceback.format_exc()}"))
+    finally:
+        if sender is not None:
+            sender.close()
+
+
+def _transport_receiver(transport: str, rank: int, target, size_mb: int, repeats: int, secret: str,
+                        barrier, results) -> None:
+    """A receiving process: takes 1 + `repeats` versions, checks each, discards it. `target`: the
+    ZMQ sender's address, or the collective group's spec."""
+    from agentgym_mega.weight_sync.collective import CollectiveReceiver, GroupSpec
+    from agentgym_mega.weight_sync.zmq_transport import ZmqWeightReceiver
+
+    torch.set_num_threads(1)
+    layout = synthetic_layout(size_mb)
+    receiver = None
+    try:
+        if transport == "zmq":
+            for version in range(repeats + 1):
+                barrier.wait()
+                receiver = ZmqWeightReceiver(target, _TRANSPORT_TIMEOUT_S, secret=secret)  # one per sync
+                got, tensors = receiver.receive(version)
+                checker, error = _Checker(layout, version), None
+                try:
+                    for name, tensor in tensors:
+                        checker.check(name, tensor)
+                    checker.complete()
+                except ValueError as exc:
+                    error = str(exc)
+                receiver.reply(got, error)
+                if error is not None:
+                    raise RuntimeError(error)
+                barrier.wait()  # the sender has measured
+                receiver.close()
+                receiver = None
+        else:
+            receiver = CollectiveReceiver(GroupSpec.of(target), rank, secret)
+            expected = {name: shape for name, shape, _ in layout}
+            for version in range(repeats + 1):
+                barrier.wait()
+                checker, error = _Checker(layout, version), None
+                stream = receiver.stream(version, expected)
+                try:
+                    for name, tensor in stream:
+                        checker.check(name, tensor)
+                    checker.complete()
+                except Exception as exc:  # noqa: BLE001 - voted down, then reported
+                    error = f"{type(exc).__name__}: {exc}"
+                finally:
+                    stream.close()
+                if not receiver.vote(error is None):
+                    raise RuntimeError(error or f"version {version} rolled back: another member voted no")
+                barrier.wait()
+    except BaseException:
+        barrier.abort()
+        results.put(("error", f"{transport} receiver {rank}: {traceback.format_exc()}"))
+    finally:
+        if receiver is not None:
+            receiver.close()
+
+
+def _expect(results, kind: str, procs: list, deadline: float):
+    """The next `kind` message from the children; raises on an error message, on a child that
+    exited without reporting, or past `deadline`."""
+    while time.monotonic() < deadline:
+        try:
+            message = results.get(timeout=1.0)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                try:  # its error message may still be in the pipe
+                    message = results.get(timeout=5.0)
+                except queue.Empty:
+                    raise RuntimeError(f"{dead[0].name} exited with code {dead[0].exitcode} "
+                                       "without reporting") from None
+            else:
+                continue
+        if message[0] == "error":
+            raise RuntimeError(message[1])
+        if message[0] == kind:
+            return message[1]
+    raise RuntimeError(f"no {kind!r} from the benchmark's processes within the deadline")
+
+
+def _run_transport(transport: str, receivers: int, size_mb: int, bucket_bytes: int, repeats: int) -> list[dict]:
+    """One (transport, receivers) configuration in fresh processes: the sender's per-sync
+    measurements, warm-up sync first."""
+    from agentgym_mega.weight_sync.collective import GroupSpec, new_group_id, open_store
+    from agentgym_mega.weight_sync.zmq_transport import new_secret
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    barrier = ctx.Barrier(1 + receivers, timeout=_TRANSPORT_TIMEOUT_S)
+    secret = new_secret()
+    deadline = time.monotonic() + _TRANSPORT_TIMEOUT_S * (repeats + 2)
+    store, spec, procs = None, None, []
+    try:
+        if transport == "collective":
+            store = open_store("127.0.0.1", 1 + receivers, _TRANSPORT_TIMEOUT_S)
+            spec = GroupSpec(new_group_id(), (("127.0.0.1", store.port),), 1 + receivers, "gloo", "chain",
+                             bucket_bytes, _TRANSPORT_TIMEOUT_S).as_dict()
+        procs.append(ctx.Process(target=_transport_sender, name=f"{transport}-sender",
+                                 args=(transport, receivers, size_mb, bucket_bytes, repeats, secret, spec,
+                                       barrier, results)))
+        procs[0].start()
+        target = _expect(results, "address", procs, deadline) if transport == "zmq" else spec
+        for rank in range(1, receivers + 1):
+            procs.append(ctx.Process(target=_transport_receiver, name=f"{transport}-receiver-{rank}",
+                                     args=(transport, rank, target, size_mb, repeats, secret, barrier, results)))
+            procs[-1].start()
+        return _expect(results, "sender", procs, deadline)
+    finally:
+        barrier.abort()  # releases anyone still waiting (after a failure); harmless once all are through
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+        del store
+
+
+def _transport_row(transport: str, receivers: int, model_bytes: int, syncs: list[dict]) -> dict:
+    timed = syncs[1:]  # the first is the warm-up
+    seconds = statistics.median(s["seconds"] for s in timed)
+    sent = round(statistics.median(s["sender_bytes"] for s in timed))
+    return {
+        "transport": transport, "receivers": receivers, "seconds": seconds,
+        "sender_bytes": sent, "model_bytes": model_bytes, "sender_bytes_ratio": sent / model_bytes,
+        "gbps_per_receiver": model_bytes / seconds / 1e9,
+        "all_seconds": [s["seconds"] for s in timed], "all_sender_bytes": [s["sender_bytes"] for s in timed],
+        "sender_retrans_bytes": round(statistics.median(s["sender_retrans_bytes"] for s in timed)),
+        "sender_wchar": round(statistics.median(s["sender_wchar"] for s in timed)),
+        "warmup_seconds": syncs[0]["seconds"],
+    }
+
+
+def run_transports(receivers: list[int], transports: list[str], size_mb: int = 256, bucket_mb: int = 64,
+                   repeats: int = 3) -> dict:
+    """For each transport and receiver count: a sender process and that many receiver processes,
+    one untimed warm-up sync, then `repeats` timed ones; see the module docstring."""
+    unknown = [t for t in transports if t not in TRANSPORTS]
+    if unknown:
+        raise ValueError(f"unknown transport(s) {unknown}; allowed: {', '.join(TRANSPORTS)}")
+    model_bytes = sum(_nbytes(shape, dtype) for _, shape, dtype in synthetic_layout(size_mb))
+    rows = []
+    for transport in transports:
+        for n in receivers:
+            syncs = _run_transport(transport, n, size_mb, bucket_mb << 20, repeats)
+            rows.append(_transport_row(transport, n, model_bytes, syncs))
+            print(f"bench sync: {transport} to {n} receiver(s): {rows[-1]['seconds']:.3f} s/sync, "
+                  f"sender sent {rows[-1]['sender_bytes_ratio']:.2f}x the model", flush=True)
+    cpus = os.cpu_count()
+    return {
+        "rows": rows, "model_bytes": model_bytes, "size_mb": size_mb, "bucket_mb": bucket_mb, "repeats": repeats,
+        "cpu_count": cpus,
+        "note": (
+            f"The sender and all receivers run on this one machine and share its {cpus} cores "
+            "(os.cpu_count()), so `seconds` growing with receivers here is mostly the receivers competing "
+            "for CPU and loopback bandwidth, not the transport. What the transport controls is "
+            "sender_bytes: ZMQ sends a full copy to each receiver (about receivers x model_bytes), the "
+            "collective chain (gloo) sends one copy and each receiver forwards it to the next (about "
+            "1x model_bytes at any receiver count). sender_bytes sums TCP_INFO tcpi_bytes_sent over the "
+            "sender process's TCP sockets, read before and after each sync inside the sender (it counts "
+            "retransmitted bytes, also reported apart as sender_retrans_bytes); "
+            "sender_wchar (/proc/self/io wchar) counts write()/writev() only, so it sees gloo's bytes but "
+            "not libzmq's, which go through send()/sendmsg()."
+        ),
+    }

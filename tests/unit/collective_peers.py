@@ -34,12 +34,6 @@ def _place(spec, rank: int) -> None:
         torch.cuda.set_device(rank % torch.cuda.device_count())
 
 
-def wchar() -> int:
-    """Bytes this process passed to write/send system calls so far (sockets included)."""
-    with open("/proc/self/io") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
-
-
 def send(spec_dict: dict, stage: int, version: int, results, fail_after: int | None = None,
          secret: str = SECRET) -> None:
     from agentgym_mega.weight_sync.collective import CollectiveSender, GroupSpec
@@ -55,11 +49,13 @@ def send(spec_dict: dict, stage: int, version: int, results, fail_after: int | N
                 raise RuntimeError("the gather failed")
             yield item
 
-    before = wchar()
+    from agentgym_mega.bench.sync import sent_since, tcp_bytes_sent
+
+    before = tcp_bytes_sent()  # the kernel's count per connection, whatever call wrote the bytes
     try:
         stats = sender.push(source(), version)
         results.put(("sender", stage, "ok", {"bytes": stats.bytes, "buckets": stats.buckets,
-                                              "wchar": wchar() - before}))
+                                              "sent": sent_since(before, tcp_bytes_sent())[0]}))
     except Exception as exc:  # noqa: BLE001 - reported to the test
         results.put(("sender", stage, "error", f"{type(exc).__name__}: {exc}"))
 

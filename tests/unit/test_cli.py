@@ -40,6 +40,10 @@ def test_parser_registers_exactly_the_documented_subcommands():
     (["bench", "env", "--env", "textcraft", "--concurrency", "1,x"], "comma list of integers >= 1"),
     (["bench", "env", "--env", "textcraft", "--concurrency", "0"], "comma list of integers >= 1"),
     (["bench", "nothing"], "invalid choice"),
+    (["bench", "sync", "--transport", "tcp"], "unknown transport(s) ['tcp']; allowed: zmq, collective"),
+    (["bench", "sync", "--transport", "zmq,"], "unknown transport(s) ['']; allowed: zmq, collective"),
+    (["bench", "sync", "--receivers", "1,0"], "comma list of integers >= 1"),
+    (["bench", "sync", "--size-mb", "64"], "--size-mb sizes the transport mode's model"),
     (["pretrain-tiny", "--out", "x", "--env", "textcraft"], "invalid choice"),
     (["pretrain-tiny", "--out", "x", "--episodes", "0"], "not an integer >= 1"),
     (["pretrain-tiny", "--out", "x", "--categories", "GoToRedBall,NoSuchLevel"], "unknown ['NoSuchLevel']"),
@@ -48,6 +52,13 @@ def test_parser_registers_exactly_the_documented_subcommands():
 def test_bad_arguments_exit_2(args, message):
     result = run_cli(*args)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_bench_sync_transport_options_parse():
+    args = build_parser().parse_args(["bench", "sync", "--receivers", "1,2,4", "--transport", "zmq, collective"])
+    assert (args.receivers, args.transport, args.size_mb) == ([1, 2, 4], ["zmq", "collective"], None)
+    args = build_parser().parse_args(["bench", "sync"])  # the megatron -> vLLM mode, as before
+    assert (args.tp, args.bucket_mb, args.repeats, args.receivers, args.transport) == (2, 64, 3, None, None)
 
 
 def test_layouts_parse_to_tp_pp_world():
