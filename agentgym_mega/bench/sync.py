@@ -3,8 +3,8 @@ against the raw ZMQ rate of the same bytes measured in the same run, plus log-pr
 the engine with the trainer after the last sync.
 
 As in training, a sync follows each optimizer step. The first sync into a fresh engine also pays
-one-time costs (the engine allocates its staging memory, and vLLM's CPU kernels repack the
-weights into newly allocated memory), so it is reported apart (`first_*`); `seconds` and `gbps`
+one-time costs (vLLM's CPU kernels repack the weights into newly allocated memory), so it is
+reported apart (`first_*`); `seconds` and `gbps`
 are the median of the syncs after it, each carrying the new weights of another optimizer step.
 The ceiling is the best of as many raw transfers, so the ratio is not flattered by one slow raw
 run.
