@@ -40,15 +40,14 @@ import queue
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
-from agentgym_mega.remote import call_async
 from agentgym_mega.weight_sync.base import WeightSynchronizer
 from agentgym_mega.weight_sync.buckets import Bucket, TensorSpec, pack, to_dtype
+from agentgym_mega.weight_sync.ranks import gather_json, sync_from_ranks
 from agentgym_mega.weight_sync.zmq_transport import SyncError, SyncStats, _secret_bytes, _timed
 
 CHUNK_BYTES = 4 << 20  # chain relay: a receiver forwards each chunk as soon as it arrived
@@ -285,10 +284,14 @@ class CollectiveReceiver:
         self.spec, self.rank = spec, rank
         self._secret = _secret_bytes(secret)
         self.links = []
-        for stage, (host, port) in enumerate(spec.stores):
-            store = dist.TCPStore(host, port, spec.world, is_master=False,
-                                  timeout=datetime.timedelta(seconds=spec.timeout_s))
-            self.links.append(_Link(_process_group(spec, store, rank, stage, self._secret), rank, spec))
+        try:
+            for stage, (host, port) in enumerate(spec.stores):
+                store = dist.TCPStore(host, port, spec.world, is_master=False,
+                                      timeout=datetime.timedelta(seconds=spec.timeout_s))
+                self.links.append(_Link(_process_group(spec, store, rank, stage, self._secret), rank, spec))
+        except Exception:
+            self.close()  # the stages joined so far
+            raise
         self._received_ok = False
 
     def stream(self, version: int, expected: dict[str, tuple[int, ...]]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -447,22 +450,6 @@ class _Unpacker:
                             f"{len(self.partial)} short")
 
 
-def gather_json(item, group=None) -> list:
-    """Every rank's `item` (JSON data), in rank order: all_gather_object without pickles."""
-    device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
-              else torch.device("cpu"))
-    world = dist.get_world_size(group)
-    data = torch.frombuffer(bytearray(json.dumps(item).encode()), dtype=torch.uint8).to(device)
-    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64, device=device), group=group)
-    lengths = [int(n.item()) for n in sizes]
-    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
-    padded[: data.numel()] = data
-    out = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(out, padded, group=group)
-    return [json.loads(bytes(o[:n].cpu().numpy())) for o, n in zip(out, lengths)]
-
-
 def new_group_id() -> str:
     return secrets.token_hex(16)
 
@@ -491,7 +478,6 @@ class CollectiveWeightSynchronizer(WeightSynchronizer):
         self._spec: GroupSpec | None = None
         self._sender: CollectiveSender | None = None
 
-
     def sync(self, named_tensors, engines: Sequence, version: int, progress=None) -> SyncStats | None:
         """Returns the stats of every stage together on global rank 0, None elsewhere; raises
         SyncError on rank 0 when any engine did not take the version (then none did)."""
@@ -509,31 +495,21 @@ class CollectiveWeightSynchronizer(WeightSynchronizer):
                                 f"{[s[0] for s in stores]}")
             self._spec = GroupSpec(offers[0]["id"], tuple((h, p) for _, h, p in stores), world, self.backend,
                                    self.algorithm, self.bucket_bytes, self.timeout_s)
+            if self._sender is not None:  # the engines changed: the old group goes
+                self._sender.close()
             self._sender = None
-        outcome, waits = None, []
-        with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
-            if lead:
-                waits = [call_async(pool, e, "update_weights_collective", self._spec.as_dict(),
-                                    1 + i * self.workers_per_engine, version, self._secret)
-                         for i, e in enumerate(engines)]
-            try:
-                if self.stage is not None:
-                    if self._sender is None:
-                        self._sender = CollectiveSender(self._spec, self.stage, store, self._secret)
-                    outcome = ("ok", dataclasses.asdict(self._sender.push(named_tensors, version, progress)))
-            except Exception as exc:  # noqa: BLE001 - every rank learns it below
-                outcome = ("error", f"stage {self.stage}: {type(exc).__name__}: {exc}")
-            finally:
-                for _ in named_tensors:  # the gather is collective: the other ranks still need this one
-                    pass
-            outcomes = [o for o in gather_json(outcome, self.group) if o is not None]
-            errors = [o[1] for o in outcomes if o[0] == "error"]
-            for wait in waits:
-                try:
-                    wait()
-                except Exception as exc:  # noqa: BLE001 - each engine reports its own failure
-                    errors.append(f"{type(exc).__name__}: {exc}")
-        if any(o[0] == "error" for o in outcomes):
+
+        def push() -> SyncStats:
+            if self._sender is None:
+                self._sender = CollectiveSender(self._spec, self.stage, store, self._secret)
+            return self._sender.push(named_tensors, version, progress)
+
+        spec = self._spec.as_dict()
+        outcome = sync_from_ranks(
+            engines, lambda i, _: ("update_weights_collective", (spec, 1 + i * self.workers_per_engine, version,
+                                                                 self._secret)),
+            push if self.stage is not None else None, named_tensors, self.group)
+        if outcome.senders_failed:
             if self._sender is not None:  # a group that failed is not reused
                 self._sender.close()
             self._members, self._sender = None, None
@@ -541,9 +517,9 @@ class CollectiveWeightSynchronizer(WeightSynchronizer):
             self._members = members
         if not lead:
             return None
-        if errors:
-            raise SyncError(f"version {version} not taken by the engines (none of them keeps it): {errors[0]}")
-        stats = [SyncStats(**o[1]) for o in outcomes]
+        if outcome.errors:
+            raise SyncError(f"version {version} not taken by the engines (none of them keeps it): {outcome.errors[0]}")
+        stats = outcome.stats
         return SyncStats(version, sum(s.tensors for s in stats), sum(s.params for s in stats),
                          sum(s.bytes for s in stats), sum(s.buckets for s in stats), world - 1,
                          max(s.seconds for s in stats), max(s.source_seconds for s in stats))

@@ -1,0 +1,71 @@
+"""A sync that several trainer ranks send at once (the collective's stage senders, CUDA IPC's
+sender on each GPU): global rank 0 tells the engines to receive, each sending rank pushes, every
+rank drains its part of the export and learns every sender's outcome."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from agentgym_mega.remote import call_async
+from agentgym_mega.weight_sync.zmq_transport import SyncStats
+
+
+def gather_json(item, group=None) -> list:
+    """Every rank's `item` (JSON data), in rank order: all_gather_object without pickles."""
+    device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
+              else torch.device("cpu"))
+    world = dist.get_world_size(group)
+    data = torch.frombuffer(bytearray(json.dumps(item).encode()), dtype=torch.uint8).to(device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64, device=device), group=group)
+    lengths = [int(n.item()) for n in sizes]
+    padded = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
+    padded[: data.numel()] = data
+    out = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(out, padded, group=group)
+    return [json.loads(bytes(o[:n].cpu().numpy())) for o, n in zip(out, lengths)]
+
+
+@dataclasses.dataclass
+class Outcome:
+    stats: list[SyncStats]  # of every sender that got through
+    senders_failed: bool  # known on every rank alike
+    errors: list[str]  # the senders' and (on rank 0) the engines'
+
+
+def sync_from_ranks(engines: Sequence, receive: Callable[[int, object], tuple[str, tuple]],
+                    push: Callable[[], SyncStats] | None, named_tensors, group=None) -> Outcome:
+    """`receive(i, engine)` -> (method, args) that rank 0 calls on each engine, without waiting;
+    `push`: this rank's sending (None on a rank that does not send). Every rank must call this."""
+    outcome, waits = None, []
+    with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
+        if dist.get_rank(group) == 0:
+            waits = [call_async(pool, e, *_call(receive(i, e))) for i, e in enumerate(engines)]
+        try:
+            if push is not None:
+                outcome = ("ok", dataclasses.asdict(push()))
+        except Exception as exc:  # noqa: BLE001 - every rank learns it below
+            outcome = ("error", f"{type(exc).__name__}: {exc}")
+        finally:
+            for _ in named_tensors:  # the export is collective: the other ranks still need this one
+                pass
+        outcomes = [o for o in gather_json(outcome, group) if o is not None]
+        errors = [o[1] for o in outcomes if o[0] == "error"]
+        senders_failed = bool(errors)
+        for wait in waits:
+            try:
+                wait()
+            except Exception as exc:  # noqa: BLE001 - each engine reports its own failure
+                errors.append(f"{type(exc).__name__}: {exc}")
+    return Outcome([SyncStats(**o[1]) for o in outcomes if o[0] == "ok"], senders_failed, errors)
+
+
+def _call(method_and_args: tuple[str, tuple]) -> tuple:
+    method, args = method_and_args
+    return (method, *args)
