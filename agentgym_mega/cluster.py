@@ -11,6 +11,7 @@ streams them to the engines.
 from __future__ import annotations
 
 import os
+import tempfile
 
 import ray
 import torch
@@ -236,16 +237,20 @@ class TrainerRank:
 
     def sync_weights(self, engines: list, version: int, engine_nodes: list[str] | None = None):
         """Every rank takes part: in the gather of the tensors and, over the collective transport,
-        each pipeline stage's first rank sends its stage. Returns the transfer stats on rank 0
+        each pipeline stage's first rank sends its stage; over CUDA IPC each rank feeds the engine
+        workers on its own GPU. Returns the transfer stats on rank 0
         (see config.WeightSyncConfig for the transports). `engine_nodes`: the node id of every
         engine worker of the run (default: each engine's own node)."""
         from agentgym_mega.weight_sync.collective import CollectiveWeightSynchronizer
+        from agentgym_mega.weight_sync.cuda_ipc import CudaIpcWeightSynchronizer
 
         synchronizer = self._synchronizer(engines, engine_nodes)
         if synchronizer is None:
             return None
         if isinstance(synchronizer, CollectiveWeightSynchronizer):
-            return synchronizer.sync(self.worker.export_hf(per_stage=True), engines, version)
+            return synchronizer.sync(self.worker.export_hf(to="stage"), engines, version)
+        if isinstance(synchronizer, CudaIpcWeightSynchronizer):
+            return synchronizer.sync(self.worker.export_hf(to="every"), engines, version)
         named = self.worker.export_hf()
         try:
             if dist.get_rank() == 0:
@@ -265,7 +270,9 @@ class TrainerRank:
         from megatron.core import parallel_state
 
         from agentgym_mega.weight_sync import ZmqWeightSynchronizer, new_secret
-        from agentgym_mega.weight_sync.collective import CollectiveWeightSynchronizer, gather_json
+        from agentgym_mega.weight_sync.collective import CollectiveWeightSynchronizer
+        from agentgym_mega.weight_sync.cuda_ipc import CudaIpcWeightSynchronizer
+        from agentgym_mega.weight_sync.ranks import gather_json
         from agentgym_mega.weight_sync.zmq_transport import choose_transport, endpoint
 
         options = self.cfg.weight_sync
@@ -274,10 +281,13 @@ class TrainerRank:
             try:
                 nodes = engine_nodes or [e["node_id"] for e in ray.get([e.health.remote() for e in engines])]
                 own = ray.get_runtime_context().get_node_id()
-                choice = (choose_transport(options.transport, own, nodes, platform.has_cuda()), new_secret())
+                transport = choose_transport(options.transport, own, nodes, platform.has_cuda())
+                # CUDA IPC: the directory of the per-GPU sockets, private to this user (0700)
+                directory = tempfile.mkdtemp(prefix="agentgym-weights-") if transport == "cuda_ipc" else None
+                choice = (transport, new_secret(), directory)
             except Exception as exc:  # noqa: BLE001 - raised below, once the other ranks know
-                error, choice = exc, (None, None)
-        transport, secret = gather_json(choice)[0]  # every rank gets here, even when rank 0 failed
+                error, choice = exc, (None, None, None)
+        transport, secret, directory = gather_json(choice)[0]  # every rank gets here, even when rank 0 failed
         if error is not None:
             raise error
         if transport is None:
@@ -289,11 +299,13 @@ class TrainerRank:
                 parallel_state.get_pipeline_model_parallel_rank() if sends else None, reachable_ip(), secret,
                 bucket_bytes=options.bucket_mb << 20, timeout_s=options.timeout_s,
                 workers_per_engine=self.cfg.rollout.engine_tp)
+        elif transport == "cuda_ipc":
+            self.synchronizer = CudaIpcWeightSynchronizer(directory, secret, bucket_bytes=options.bucket_mb << 20,
+                                                          timeout_s=options.timeout_s)
         elif dist.get_rank() == 0:
-            address, cuda_ipc = endpoint(transport, reachable_ip())
             self.synchronizer = ZmqWeightSynchronizer(
-                address, bucket_bytes=options.bucket_mb << 20, timeout_s=options.timeout_s,
-                workers_per_engine=self.cfg.rollout.engine_tp, cuda_ipc=cuda_ipc, secret=secret)
+                endpoint(transport, reachable_ip()), bucket_bytes=options.bucket_mb << 20, timeout_s=options.timeout_s,
+                workers_per_engine=self.cfg.rollout.engine_tp, secret=secret)
         else:
             self.synchronizer = _ZMQ_FROM_RANK_0
         return self.synchronizer

@@ -270,15 +270,16 @@ class ClusterConfig:
 
 @section
 class WeightSyncConfig:
-    """How the actor's weights reach the engines after each step. `auto`: CUDA IPC handles when
-    the engines share the trainer's node and it has GPUs, ipc:// when they share its node on CPU,
-    `collective` when any engine worker runs on another node. `collective`: a process group per
-    pipeline stage joining its sending rank and every engine worker (NCCL on GPUs, gloo on CPU),
-    so the bytes a sender sends do not grow with the engines; `tcp`: every engine worker pulls
-    the whole model from trainer rank 0 over ZMQ."""
+    """How the actor's weights reach the engines after each step. `auto`: `cuda_ipc` when the
+    engines share the trainer's node and it has GPUs, `ipc` when they share its node on CPU,
+    `collective` when any engine worker runs on another node. `cuda_ipc`: each engine worker maps
+    bucket slots of the trainer rank on its own GPU (weight_sync.cuda_ipc); `collective`: a
+    process group per pipeline stage joining its sending rank and every engine worker (NCCL on
+    GPUs, gloo on CPU), so the bytes a sender sends do not grow with the engines; `ipc` / `tcp`:
+    every engine worker pulls the whole model from trainer rank 0 over ZMQ."""
 
     transport: Literal["auto", "ipc", "tcp", "cuda_ipc", "collective"] = "auto"
-    bucket_mb: StrictInt = 256  # bytes transports: one ZMQ message; collective: each of the two buffers per member
+    bucket_mb: StrictInt = 256  # one ZMQ message; a collective member's two buffers, a CUDA IPC ring's 3 slots
     timeout_s: float = 600.0  # a stream that stalls this long ends the sync; old weights keep serving
     # An engine still without the new weights after one retry (or dead): `drop` takes it out of
     # rotation and the rollout goes on with the rest (logged as sync/engines_dropped); `stop` ends

@@ -58,14 +58,14 @@ Phases of the loop (:mod:`agentgym_mega.trainer`, :mod:`agentgym_mega.stack`), p
 * training: engines asleep + every role's state + the actor's activations and log-prob peak (the
   roles run one at a time; the actor's working set is the largest).
 * weight sync: engines with weights but no KV cache + the actor's parameters (with offload the
-  rest is released; without, everything stays) + on the sending rank (TP rank 0 of the first
-  stage) what the export holds: at TP>1 the gather buffers (one layer and the embedding, whole) and,
-  with CUDA IPC, every exported tensor that is a copy (all at TP>1 or from other stages; Q/K/V at
-  TP=1) until the engines acknowledge; otherwise one tensor at a time. The collective transport
-  sends from TP rank 0 of every stage, through two buckets on its GPU, and each engine worker
-  receives into two buckets plus the whole tensors of the layer it is loading; ZMQ buckets live in
-  host memory. ``auto`` resolves to CUDA IPC when every engine shares the first trainer node, to
-  the collective otherwise.
+  rest is released; without, everything stays) + on a sending rank what the export holds: at
+  TP>1 the gather buffers (one layer and the embedding, whole) and the largest tensor. ZMQ sends
+  from TP rank 0 of the first stage, out of host memory. The collective sends from TP rank 0 of
+  every stage through two buckets on its GPU, and each engine worker receives into two buckets
+  plus the whole tensors of the layer it is loading. CUDA IPC sends from every rank that has
+  engine workers on its GPU, through a ring of 3 buckets there, and the worker loads a layer at a
+  time. ``auto`` resolves to CUDA IPC when every engine shares the first trainer node, to the
+  collective otherwise.
 Colocated engines run on trainer GPUs 0 .. num_engines * engine_tp - 1; split placement plans
 trainer GPUs and engine GPUs apart. A phase fits when its peak on every GPU is within the usable
 memory.
@@ -85,6 +85,7 @@ from agentgym_mega.cluster import roles as run_roles
 from agentgym_mega.config import ConfigError, apply_overrides, to_dict, validate
 from agentgym_mega.errors import BadInput
 from agentgym_mega.models import gpt, mapping
+from agentgym_mega.weight_sync.zmq_transport import RING_SLOTS
 
 GB = 10**9
 HEADROOM = 0.05
@@ -294,28 +295,25 @@ def qkv_params(a: Arch, layers: int) -> int:
 
 
 def sync_bytes(a: Arch, tp: int, pp: int, transport: str, dtype_bytes: int, bucket_bytes: int) -> int:
-    """What exporting the weights adds on a sending rank (TP rank 0 of the first stage, or of
-    every stage over the collective transport), for a resolved `transport`."""
+    """What exporting the weights adds on a sending rank, for a resolved `transport`: TP rank 0
+    of the first stage over ZMQ, of every stage over the collective, every rank over CUDA IPC."""
     embedding = gpt.padded_vocab_size(a.vocab, tp) * a.hidden
     gather = (sum(layer_params(a, 1)) + embedding) if tp > 1 else 0
-    if transport == "cuda_ipc":  # every exported copy stays mapped until the engines acknowledge
-        # at TP=1 the first stage's own tensors go out as views of its parameters, but Q/K/V
-        views = 0 if tp > 1 else stage_params(a, 1, pp, 0) - qkv_params(a, a.layers // pp)
-        held = max(0, total_params(a) - views)
-        return (gather + held) * dtype_bytes
     held = a.vocab * a.hidden if tp > 1 or pp > 1 else 0  # the largest tensor, one at a time
-    # the collective packs into two device buckets (one filling, one in flight); ZMQ sends from host
-    buckets = 2 * bucket_bytes if transport == "collective" else 0
+    # device buckets: the collective packs into two (one filling, one in flight), CUDA IPC lends a
+    # ring of them to the engines; ZMQ sends from host memory
+    buckets = {"collective": 2, "cuda_ipc": RING_SLOTS}.get(transport, 0) * bucket_bytes
     return (gather + held) * dtype_bytes + buckets
 
 
 def engine_sync_bytes(a: Arch, transport: str, engine_dtype_bytes: int, bucket_bytes: int) -> int:
-    """What receiving adds on an engine worker's GPU over the collective transport: two buckets
-    and the whole tensors of the layer being loaded (vLLM keeps a layer's until it is complete;
-    a layer or the embedding, whichever is larger)."""
-    if transport != "collective":
+    """What receiving adds on an engine worker's GPU: the whole tensors of the layer being loaded
+    (vLLM keeps a layer's until it is complete; a layer or the embedding, whichever is larger)
+    and, over the collective, its two buckets. ZMQ bytes arrive in host memory."""
+    if transport not in ("collective", "cuda_ipc"):
         return 0
-    return 2 * bucket_bytes + max(sum(layer_params(a, 1)), a.vocab * a.hidden) * engine_dtype_bytes
+    layer = max(sum(layer_params(a, 1)), a.vocab * a.hidden) * engine_dtype_bytes
+    return layer + (2 * bucket_bytes if transport == "collective" else 0)
 
 
 # -- the layout and its plan -------------------------------------------------------------------
@@ -433,7 +431,7 @@ def _trainer_gpu(a: Arch, lay: Layout, stage: int, tokens: int, engine: dict | N
     actor = held["actor"]
     awake, asleep = (engine["claim"], engine["overhead"]) if engine else (0, 0)
     transport = lay.sync_transport()
-    sends = stage == 0 or transport == "collective"  # the collective sends from every stage
+    sends = stage == 0 or transport in ("collective", "cuda_ipc")  # see sync_bytes
     sync_extra = sync_bytes(a, lay.tp, lay.pp, transport, lay.dtype_bytes, lay.bucket_bytes) if sends else 0
     receiving = engine_sync_bytes(a, transport, lay.engine_dtype_bytes, lay.bucket_bytes) if engine else 0
     phases = {

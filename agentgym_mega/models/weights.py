@@ -180,23 +180,35 @@ def _stage_of_each_param(local_names: set[str]) -> dict[str, int]:
     return owner
 
 
+EXPORT_TO = ("first", "stage", "every")
+
+
 @torch.no_grad()
-def export_hf(model, hf_config, per_stage: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yields every HF tensor, full and unpadded, in a fixed order, on the model-parallel group's
-    first rank (TP rank 0 of PP stage 0); the other ranks yield nothing. A collective: all TP and
-    PP ranks must drain the iterator together. Only that rank needs the tensors (it writes or
-    streams them), so TP shards are gathered to it alone and other stages send it theirs. With
-    `per_stage`, the first TP rank of every stage yields its own stage's tensors instead (each
-    stage then sends its own, at once). At TP=1 tensors can be views of the parameters: use them
-    before the weights change."""
+def export_hf(model, hf_config, to: str = "first") -> Iterator[tuple[str, torch.Tensor]]:
+    """Yields every HF tensor, full and unpadded, in a fixed order. A collective: all TP and PP
+    ranks must drain the iterator together. Which ranks yield, `to`:
+
+    * ``first``: the model-parallel group's first rank (TP rank 0 of PP stage 0), the others
+      nothing. Only that rank needs the tensors (it writes or streams them), so TP shards are
+      gathered to it alone and other stages send it theirs.
+    * ``stage``: the first TP rank of every stage, its own stage's tensors (each stage then
+      sends its own, at once).
+    * ``every``: every rank, every tensor (TP shards all-gathered, other stages' tensors
+      broadcast): each rank feeds the engine worker on its own GPU.
+
+    At TP=1 tensors can be views of the parameters: use them before the weights change."""
     from megatron.core import parallel_state
 
+    if to not in EXPORT_TO:
+        raise ValueError(f"export_hf(to={to!r}): allowed {', '.join(EXPORT_TO)}")
     tp_group = parallel_state.get_tensor_model_parallel_group()
     tp_ranks = dist.get_process_group_ranks(tp_group)
     first_in_tp = parallel_state.get_tensor_model_parallel_rank() == 0
     pp_group = parallel_state.get_pipeline_model_parallel_group()
     pp_ranks = dist.get_process_group_ranks(pp_group)
     my_stage = parallel_state.get_pipeline_model_parallel_rank()
+    every = to == "every"
+    holder = every or first_in_tp  # assembles the full tensors of its stage
     geo = _geometry(hf_config, model)
     params = dict(named_global_params(model))
     owner = _stage_of_each_param(set(params))
@@ -213,18 +225,28 @@ def export_hf(model, hf_config, per_stage: bool = False) -> Iterator[tuple[str, 
         if owner[name] == my_stage:
             local = params[name].detach()
             shards = [local]
-            if len(tp_ranks) > 1 and rule.layout != "replicated":  # replicated: the first rank has it
+            if len(tp_ranks) > 1 and rule.layout != "replicated":  # replicated: every rank has it
                 local = local.contiguous()
                 shards = None
-                if first_in_tp:
+                if holder:
                     key = (local.shape, local.dtype)
                     if key not in scratch:
                         scratch[key] = [torch.empty_like(local) for _ in tp_ranks]
                     shards = scratch[key]
-                dist.gather(local, shards, dst=tp_ranks[0], group=tp_group)
-            if first_in_tp:
+                if every:
+                    dist.all_gather(shards, local, group=tp_group)
+                else:
+                    dist.gather(local, shards, dst=tp_ranks[0], group=tp_group)
+            if holder:
                 tensors = mapping.to_hf(rule, shards, geo)
-        if first_in_tp and owner[name] != 0 and not per_stage:
+        if every and len(pp_ranks) > 1:
+            if owner[name] == my_stage:
+                tensors = [t.contiguous() for t in tensors]
+            else:
+                tensors = [torch.empty(_hf_shape(geo, h), dtype=sample.dtype, device=sample.device) for h in rule.hf]
+            for t in tensors:
+                dist.broadcast(t, src=pp_ranks[owner[name]], group=pp_group)
+        elif to == "first" and first_in_tp and owner[name] != 0:
             if my_stage == owner[name]:
                 for t in tensors:
                     dist.send(t.contiguous(), dst=pp_ranks[0], group=pp_group)
@@ -232,7 +254,7 @@ def export_hf(model, hf_config, per_stage: bool = False) -> Iterator[tuple[str, 
                 tensors = [torch.empty(_hf_shape(geo, h), dtype=sample.dtype, device=sample.device) for h in rule.hf]
                 for t in tensors:
                     dist.recv(t, src=pp_ranks[owner[name]], group=pp_group)
-        if first_in_tp and my_stage == (owner[name] if per_stage else 0):
+        if every or (first_in_tp and my_stage == (owner[name] if to == "stage" else 0)):
             yield from zip(rule.hf, tensors)
 
 

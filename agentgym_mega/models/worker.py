@@ -286,10 +286,10 @@ class ModelWorker:
 
     # -- weights out and checkpoints -------------------------------------------------------
 
-    def export_hf(self, per_stage: bool = False):
-        """``(hf_name, full tensor)`` pairs on the model-parallel group's first rank (or, with
-        ``per_stage``, each stage's first TP rank); see :func:`weights.export_hf` (collective)."""
-        return weights.export_hf(self.model, self.hf_config, per_stage)
+    def export_hf(self, to: str = "first"):
+        """``(hf_name, full tensor)`` pairs on the ranks `to` names (the model-parallel group's
+        first rank by default); see :func:`weights.export_hf` (collective)."""
+        return weights.export_hf(self.model, self.hf_config, to)
 
     def save_hf(self, out: str) -> str | None:
         return weights.save_hf(self.model, self.hf_config, self.hf_dir, out)

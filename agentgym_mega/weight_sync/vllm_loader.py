@@ -9,7 +9,8 @@ import time
 import torch
 from safetensors import safe_open
 
-from agentgym_mega.weight_sync.zmq_transport import SyncError, ZmqWeightReceiver
+from agentgym_mega.weight_sync.cuda_ipc import UUID_FIELD
+from agentgym_mega.weight_sync.zmq_transport import SyncError, ZmqWeightReceiver, device_uuid
 
 
 def checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
@@ -78,6 +79,8 @@ class VLLMWeightLoader:
         """Loads the tensors into vLLM as they arrive (its loaders fuse QKV / gate-up, keep this
         worker's TP shard and redo post-load processing such as CPU weight packing); a stream
         that does not end in a matching COMMIT puts the previous weights back."""
+        if UUID_FIELD in address:  # CUDA IPC per GPU: the trainer rank on this worker's own GPU
+            address = address.replace(UUID_FIELD, device_uuid(None))
         # Refuses tcp:// without a secret, and CUDA IPC handles anywhere but over ipc://.
         receiver = ZmqWeightReceiver(address, timeout_s, secret=secret)
         try:
@@ -116,6 +119,9 @@ class VLLMWeightLoader:
             return None
         _restore(model, snapshot)
         return error or SyncError("another member of the group did not take the version; previous weights restored")
+
+    def agm_device_uuid(self) -> str | None:
+        return device_uuid(None) if torch.cuda.is_available() else None
 
     def agm_receive_collective(self, group: dict, first_rank: int, version: int,
                                secret: str | bytes) -> str | None:

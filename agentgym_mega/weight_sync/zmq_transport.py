@@ -61,6 +61,7 @@ import dataclasses
 import hashlib
 import hmac
 import io
+import itertools
 import json
 import os
 import pickle
@@ -84,6 +85,7 @@ _NONCE_HEX = 32  # 16 random bytes
 _CONTROL_BYTES = 1 << 20  # peers only ever send the trainer small JSON messages (an ERROR at most)
 _MAX_PENDING = 4096  # challenges outstanding at once; the oldest is dropped beyond that
 _ADDRESS_PREFIX = "agentgym-weights-"
+RING_SLOTS = 3  # CUDA IPC: buckets in flight between the trainer and its engines
 
 
 class SyncError(RuntimeError):
@@ -178,12 +180,12 @@ def choose_transport(transport: str, trainer_node: str, engine_nodes: Sequence[s
     return transport
 
 
-def endpoint(transport: str, host: str) -> tuple[str, bool]:
-    """Where the trainer binds its ZMQ sender for a resolved `transport` (ipc, cuda_ipc or tcp;
-    `host` is the trainer's address for tcp), and whether it sends CUDA IPC handles."""
-    if transport == "tcp":
-        return f"tcp://{host}:0", False
-    return default_address(), transport == "cuda_ipc"
+def endpoint(transport: str, host: str) -> str:
+    """Where trainer rank 0 binds its ZMQ sender for `transport` ipc or tcp (`host`: the
+    trainer's address for tcp). CUDA IPC binds one socket per GPU instead (see cuda_ipc)."""
+    if transport not in ("ipc", "tcp"):
+        raise ValueError(f"a single ZMQ sender serves transport ipc or tcp, not {transport}")
+    return f"tcp://{host}:0" if transport == "tcp" else default_address()
 
 
 def _timed(iterable, clock: list[float]):
@@ -341,37 +343,16 @@ class ZmqWeightSender:
         source = [0.0]
         named_tensors = _timed(named_tensors, source)
         count = params = sent = messages = 0
-        held = []  # CUDA IPC: engines map these tensors until they acknowledge
         try:
-            if self.cuda_ipc:
-                from torch.multiprocessing.reductions import reduce_tensor
-
-                for index, (name, tensor) in enumerate(named_tensors):
-                    tensor = tensor.detach().contiguous()
-                    held.append(tensor)
-                    spec = TensorSpec.of(name, tensor)
-                    meta = json.dumps({"op": "HANDLE", "index": index, "spec": dataclasses.astuple(spec),
-                                       "device_uuid": device_uuid(tensor.device.index) if tensor.is_cuda else None})
-                    self._send(peers, [meta.encode(), pickle.dumps(reduce_tensor(tensor))])
-                    count, params, sent, messages = count + 1, params + spec.numel, sent + spec.nbytes, messages + 1
-                    if progress:
-                        progress(sent, messages)
-            else:
-                for bucket in pack(named_tensors, self.bucket_bytes):
-                    header = json.dumps({
-                        "op": "BUCKET",
-                        "specs": {i: dataclasses.astuple(s) for i, s in bucket.specs.items()},
-                        "segments": [dataclasses.astuple(s) for s in bucket.segments],
-                    }).encode()
-                    # DLPack, not .numpy(): zero-copy either way, but .numpy() marks the storage
-                    # unresizable for good, and models.offload frees parameters by resizing theirs
-                    self._send(peers, [header, *(np.from_dlpack(p) for p in bucket.payloads)])
-                    count += len(bucket.specs)
-                    params += sum(s.numel for s in bucket.specs.values())
-                    sent += sum(s.nbytes for s in bucket.segments)
-                    messages += 1
-                    if progress:
-                        progress(sent, messages)
+            send = self._ring_buckets if self.cuda_ipc else self._byte_buckets
+            buckets = send(peers, named_tensors)
+            for bucket in buckets:
+                count += len(bucket.specs)
+                params += sum(s.numel for s in bucket.specs.values())
+                sent += sum(s.nbytes for s in bucket.segments)
+                messages += 1
+                if progress:
+                    progress(sent, messages)
             for peer in peers:
                 self._sock.send_multipart([peer, _json("COMMIT", version=version, tensors=count, bytes=sent)])
         except zmq.ZMQError as exc:
@@ -381,9 +362,71 @@ class ZmqWeightSender:
             self._abort(peers, f"the trainer stopped sending version {version}")
             raise
         load = self._acks(peers, version)
-        del held
-        return SyncStats(version, count, params, sent, 0 if self.cuda_ipc else messages, len(peers),
-                         time.perf_counter() - start, source[0], load)
+        return SyncStats(version, count, params, sent, messages, len(peers), time.perf_counter() - start, source[0],
+                         load)
+
+    @staticmethod
+    def _bucket_header(op: str, bucket, **extra) -> dict:
+        return {"op": op, "specs": {i: dataclasses.astuple(s) for i, s in bucket.specs.items()},
+                "segments": [dataclasses.astuple(s) for s in bucket.segments], **extra}
+
+    def _byte_buckets(self, peers: list[bytes], named_tensors):
+        for bucket in pack(named_tensors, self.bucket_bytes):
+            # DLPack, not .numpy(): zero-copy either way, but .numpy() marks the storage
+            # unresizable for good, and models.offload frees parameters by resizing theirs
+            self._send(peers, [json.dumps(self._bucket_header("BUCKET", bucket)).encode(),
+                               *(np.from_dlpack(p) for p in bucket.payloads)])
+            yield bucket
+
+    def _ring_buckets(self, peers: list[bytes], named_tensors):
+        """CUDA IPC through a ring of RING_SLOTS buckets on the tensors' device: each bucket is
+        copied into a free slot and the slot's handle sent; an engine copies the bucket out and
+        answers FREE, and a slot is filled again only once every engine freed it. The trainer
+        holds a few buckets, never a copy of the model."""
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        tensors = iter(named_tensors)
+        first = next(tensors, None)
+        if first is None:
+            return
+        device = first[1].device
+        ring = [torch.empty(self.bucket_bytes, dtype=torch.uint8, device=device) for _ in range(RING_SLOTS)]
+        uuid = device_uuid(device.index) if device.type == "cuda" else None
+        busy: list[set] = [set() for _ in ring]  # engines that still read each slot
+        for index, bucket in enumerate(pack(itertools.chain([first], tensors), self.bucket_bytes, device=device)):
+            slot = index % len(ring)
+            self._wait_free(busy, slot)
+            offset = 0
+            for payload in bucket.payloads:
+                ring[slot][offset : offset + payload.numel()].copy_(payload)
+                offset += payload.numel()
+            if device.type == "cuda":
+                torch.cuda.current_stream(device).synchronize()  # the bytes are in the slot before it is shared
+            header = self._bucket_header("HANDLE", bucket, slot=slot, slot_bytes=self.bucket_bytes, nbytes=offset,
+                                         device_uuid=uuid)
+            self._send(peers, [json.dumps(header).encode(), pickle.dumps(reduce_tensor(ring[slot]))])
+            busy[slot] = set(peers)
+            yield bucket
+        for slot in range(len(ring)):  # the ring is reused (or freed) only once nobody reads it
+            self._wait_free(busy, slot)
+
+    def _wait_free(self, busy: list[set], slot: int) -> None:
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        while busy[slot]:
+            got = self._recv_any(int((deadline - time.monotonic()) * 1000))
+            if got is None:
+                raise SyncError(f"no engine freed bucket slot {slot} within {self.timeout_ms / 1000:.0f}s")
+            identity, body = got
+            op = body.get("op") if body else None
+            holders = [s for s in busy if identity in s]
+            if not holders:
+                self._refuse(identity, "a sync is in progress: start with HELLO once it is over")
+            elif op == "FREE" and isinstance(body.get("slot"), int) and 0 <= body["slot"] < len(busy):
+                busy[body["slot"]].discard(identity)
+            elif op == "ERROR":
+                raise SyncError(f"engine {_peer(identity)} stopped receiving: {body.get('message')}")
+            else:
+                raise SyncError(f"engine {_peer(identity)} answered a bucket with {op or 'a malformed message'}")
 
     def _acks(self, peers: list[bytes], version: int) -> float:
         """Waits for an ACK of `version` from every engine streamed to; returns the slowest load."""
@@ -399,6 +442,8 @@ class ZmqWeightSender:
                 self._refuse(identity, "a sync is in progress: start with HELLO once it is over")
                 continue
             op = reply.get("op") if reply else None
+            if op == "FREE":  # CUDA IPC: a late release of a bucket slot
+                continue
             if op == "ERROR":
                 raise SyncError(f"engine {_peer(identity)} rejected version {version}: {reply.get('message')}")
             if op != "ACK":
@@ -588,6 +633,36 @@ class ZmqWeightReceiver:
         ready = {} if self._secret is None else {"proof": proof(self._secret, "engine", ours, theirs, offered)}
         self._sock.send(_json("READY", **ready))
 
+    def _unpack(self, message: dict, specs: dict, partial: dict, expected, source: torch.Tensor | None) -> list:
+        """Takes in one bucket: its new tensors' specs (checked, then memory set aside for each,
+        on the slot's device for CUDA IPC) and its segments, from the socket's frames or from
+        the mapped slot `source`. Returns the indices of the tensors it completed."""
+        device = source.device if source is not None else torch.device("cpu")
+        done = []
+        for index, (name, dtype, shape) in message["specs"].items():
+            spec = _checked(TensorSpec(name, dtype, tuple(shape)), expected)
+            specs[int(index)] = spec
+            partial[int(index)] = [torch.empty(spec.nbytes, dtype=torch.uint8, device=device), 0]
+            if spec.nbytes == 0:  # no segment will come for it
+                done.append(int(index))
+        position = 0
+        for index, offset, nbytes in message["segments"]:
+            data, got = partial[index]
+            what = f"bytes {offset}-{offset + nbytes} of {specs[index].name}"
+            if offset != got or offset + nbytes > data.numel():
+                raise SyncError(f"malformed weight stream: {what}")
+            if source is None:
+                self._recv_into(data[offset : offset + nbytes], what)
+            else:
+                if position + nbytes > source.numel():
+                    raise SyncError(f"malformed weight stream: {what} past the end of its bucket slot")
+                data[offset : offset + nbytes].copy_(source[position : position + nbytes])
+                position += nbytes
+            partial[index][1] = got + nbytes
+            if partial[index][1] == data.numel():
+                done.append(index)
+        return done
+
     def stream(self, version: int | None = None, expected: dict[str, tuple[int, ...]] | None = None,
                order: dict[str, int] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Yields each (name, tensor) of the version as soon as its last byte arrived, each in
@@ -604,6 +679,7 @@ class ZmqWeightReceiver:
             op = message.get("op")
             if op == "COMMIT":
                 break
+            source = None  # CUDA IPC: the trainer's bucket slot, mapped
             try:
                 if op == "HANDLE":
                     if not self.handles_allowed:
@@ -611,34 +687,23 @@ class ZmqWeightReceiver:
                             f"refusing a CUDA IPC HANDLE frame over {_scheme(self.address)}:// (from {self.address}): "
                             "handles are pickles and are accepted only from an ipc:// socket file on this node; "
                             "keeping the previous weights")
-                    index = int(message["index"])
-                    specs[index] = _checked(TensorSpec(*message["spec"][:2], tuple(message["spec"][2])), expected)
+                    slot = int(message["slot"])
                     self._more("a CUDA IPC handle")
-                    yield specs[index].name, _load_handle(self._sock.recv(), specs[index], message.get("device_uuid"))
-                    continue
-                if op != "BUCKET":
+                    source = _load_handle(self._sock.recv(), TensorSpec(f"bucket slot {slot}", "uint8",
+                                                                        (int(message["slot_bytes"]),)),
+                                          message.get("device_uuid"))
+                elif op != "BUCKET":
                     raise SyncError(f"malformed weight stream: unexpected {op!r} message")
-                done = []
-                for index, (name, dtype, shape) in message["specs"].items():
-                    spec = _checked(TensorSpec(name, dtype, tuple(shape)), expected)
-                    specs[int(index)] = spec
-                    partial[int(index)] = [torch.empty(spec.nbytes, dtype=torch.uint8), 0]
-                    if spec.nbytes == 0:  # no segment will come for it
-                        done.append(int(index))
-                for index, offset, nbytes in message["segments"]:
-                    data, got = partial[index]
-                    if offset != got or offset + nbytes > data.numel():
-                        raise SyncError(f"malformed weight stream: bytes {offset}-{offset + nbytes} of "
-                                        f"{specs[index].name}")
-                    self._recv_into(data[offset : offset + nbytes], f"bytes {offset}-{offset + nbytes} of "
-                                    f"{specs[index].name}")
-                    partial[index][1] = got + nbytes
-                    if partial[index][1] == data.numel():
-                        done.append(index)
+                done = self._unpack(message, specs, partial, expected, source)
             except (KeyError, TypeError, ValueError, IndexError) as exc:
                 raise SyncError(f"malformed weight stream: bad {op} header ({type(exc).__name__}: {exc})") from None
             if self._sock.getsockopt(zmq.RCVMORE):
-                raise SyncError("malformed weight stream: a bucket has more frames than segments")
+                raise SyncError(f"malformed weight stream: a {op} message has more frames than it announced")
+            if source is not None:
+                if source.is_cuda:
+                    torch.cuda.current_stream(source.device).synchronize()  # copied out before FREE
+                del source
+                self._sock.send(_json("FREE", slot=slot))
             for index in done:
                 spec = specs[index]
                 yield spec.name, partial.pop(index)[0].view(to_dtype(spec.dtype)).view(spec.shape)

@@ -55,7 +55,9 @@ def parity_job(tp: int, pp: int, world: int, models: dict, work: str, load_from:
         ids = tokens(ref.hf_config.vocab_size)
         res = {"logits": ref.full_logits(ids, 2), **ref.logprobs(ids, micro_batch_size=2),
                "logprobs_t2": ref.logprobs(ids, temperature=2.0)["logprobs"],
-               "exported": {k: v.clone() for k, v in ref.export_hf()}}
+               "exported": {k: v.clone() for k, v in ref.export_hf()},
+               "exported_stage": {k: v.clone() for k, v in ref.export_hf(to="stage")},
+               "exported_every": {k: v.clone() for k, v in ref.export_hf(to="every")}}
         res["saved_hf"] = ref.save_hf(os.path.join(work, f"{arch}-exported-tp{tp}pp{pp}"))
         if load_from:
             actor = MegatronActor(hf_dir, cfg)

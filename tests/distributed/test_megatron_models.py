@@ -103,6 +103,25 @@ def test_hf_megatron_hf_round_trip_is_bitwise(runs, hf_reference, arch, layout):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda layout: f"tp{layout[0]}pp{layout[1]}")
+def test_export_to_each_stage_and_to_every_rank(runs, hf_reference, arch, layout):
+    # "stage": the first TP rank of each stage yields its own stage's tensors, together all of
+    # them once; "every": every rank yields the whole model (TP all-gathered, stages broadcast)
+    tp, pp = layout
+    original = hf_reference[arch]["tensors"]
+    ranks = runs["parity"][layout]
+    by_stage = [rank[arch]["exported_stage"] for rank in ranks]
+    senders = [exported for exported in by_stage if exported]
+    assert len(senders) == pp and all(not by_stage[r] for r in range(len(ranks)) if r % tp)
+    assert sorted(name for exported in senders for name in exported) == sorted(original)
+    for exported in senders:
+        assert all(torch.equal(tensor, original[name]) for name, tensor in exported.items())
+    for rank in ranks:
+        every = rank[arch]["exported_every"]
+        assert set(every) == set(original) and all(torch.equal(every[k], v) for k, v in original.items())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_checkpoint_saved_at_tp2_loads_at_other_layouts(runs, arch):
     saved = runs["training"][0][arch]["saved_logits"]  # TP=2, right after loading the checkpoint
     for layout in LAYOUTS:

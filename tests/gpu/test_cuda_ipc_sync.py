@@ -25,7 +25,8 @@ def _engine_side(address, queue, secret):
 def test_cuda_tensors_travel_as_ipc_handles(secret):
     tensors = [("a", torch.arange(12.0, device="cuda").view(3, 4)),
                ("b", torch.ones(5, device="cuda", dtype=torch.bfloat16))]
-    sender = ZmqWeightSender(cuda_ipc=True, timeout_s=60, secret=secret)
+    # 16-byte slots: the 58 bytes take 4 buckets through the ring of 3, which is reused
+    sender = ZmqWeightSender(cuda_ipc=True, bucket_bytes=16, timeout_s=60, secret=secret)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_engine_side, args=(sender.address, queue, secret))
@@ -34,6 +35,16 @@ def test_cuda_tensors_travel_as_ipc_handles(secret):
     version, seen = queue.get(timeout=60)
     proc.join(timeout=60)
     sender.close()
-    assert stats.buckets == 0  # handles, not byte buckets
+    assert stats.buckets == 4  # bucket slots' handles, the ring wrapping around
     assert version == 3
     assert seen == [("a", True, 66.0), ("b", True, 5.0)]
+
+
+def test_a_rank_feeds_the_engine_worker_on_its_own_gpu_by_uuid():
+    # the per-GPU synchronizer end to end on GPU 0: pairing by the real device UUID, the
+    # socket named by it, CUDA tensors through the ring of slots
+    from tests.unit.test_cuda_ipc_pairing import run
+
+    out = run(None, None)
+    status, stats, got, socket = out[0]
+    assert status == "ok" and got == [{"a": True, "b": True}] and socket, out

@@ -203,7 +203,12 @@ def test_a_run_over_two_nodes_syncs_by_collective_and_plans_its_buckets():
     # every stage sends over the collective: the last stage's sender holds two buckets too
     trainer = two_nodes["gpus"][0]["phases"]["weight_sync"] - zmq["gpus"][0]["phases"]["weight_sync"]
     assert trainer == 2 * (512 << 20)
-    assert plan_of(seven_b)["layout"]["weight_sync"] == "cuda_ipc"  # colocated on one node
+    colocated = plan_of(seven_b, ["weight_sync.bucket_mb=512"])
+    assert colocated["layout"]["weight_sync"] == "cuda_ipc"  # colocated on one node
+    bytes_over_zmq = plan_of(seven_b, ["weight_sync.bucket_mb=512", "weight_sync.transport=ipc"])
+    # CUDA IPC: the trainer rank lends a ring of 3 buckets; the engine on its GPU loads a layer at a time
+    gpu0 = colocated["gpus"][0]["phases"]["weight_sync"] - bytes_over_zmq["gpus"][0]["phases"]["weight_sync"]
+    assert gpu0 == 3 * (512 << 20) + layer_or_embedding
 
 
 def test_architecture_is_checked_against_the_checkpoints_config(tmp_path):

@@ -3,10 +3,12 @@
 import os
 import stat
 import threading
+import time
 
 import pytest
 import torch
 
+from agentgym_mega.weight_sync import zmq_transport
 from agentgym_mega.weight_sync.buckets import Segment, pack
 from agentgym_mega.weight_sync.zmq_transport import (
     SyncError,
@@ -145,7 +147,7 @@ def _bucket(nbytes_per_segment):
 @pytest.mark.parametrize("frames,error", [
     ([_bucket([4, 4]), b"abcd"], "bytes 4-8 of w is missing"),
     ([_bucket([4]), b"abcdef"], "bytes 0-4 of w has 6 bytes, expected 4"),
-    ([_bucket([4]), b"abcd", b"more"], "more frames than segments"),
+    ([_bucket([4]), b"abcd", b"more"], "more frames than it announced"),
     ([b"\x00\x01 not json"], "expected a header"),
 ], ids=["missing-frame", "wrong-size", "extra-frame", "not-a-header"])
 def test_a_malformed_stream_is_a_sync_error(frames, error):
@@ -166,11 +168,10 @@ def test_the_transport_follows_where_the_engines_run(transport, engines, cuda, e
     assert choose_transport(transport, "node-a", engines, cuda) == expected
 
 
-@pytest.mark.parametrize("transport,expected", [
-    ("ipc", ("ipc://", False)), ("cuda_ipc", ("ipc://", True)), ("tcp", ("tcp://10.0.0.1:0", False))])
+@pytest.mark.parametrize("transport,expected", [("ipc", "ipc://"), ("tcp", "tcp://10.0.0.1:0")])
 def test_the_zmq_endpoint_of_each_transport(transport, expected):
-    address, cuda_ipc = endpoint(transport, "10.0.0.1")
-    assert address.startswith(expected[0]) and cuda_ipc == expected[1]
+    address = endpoint(transport, "10.0.0.1")
+    assert address.startswith(expected)
     if address.startswith("ipc://"):  # a fresh private directory, which no sender bound here
         directory = os.path.dirname(address.removeprefix("ipc://"))
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
@@ -193,20 +194,48 @@ def test_cuda_ipc_without_gpus_is_refused():
 
 def test_a_whole_sync_travels_over_tcp():
     tensors = [("a", torch.arange(5.0)), ("b", torch.ones(2, 2))]  # 36 bytes
-    address, _ = endpoint("tcp", "127.0.0.1")
+    address = endpoint("tcp", "127.0.0.1")
     stats, out = _roundtrip(tensors, bucket_bytes=8, address=address, secret=SECRET)
     assert stats.version == 7 and stats.buckets == 5
     assert [(n, t.tolist()) for n, t in out["tensors"]] == [(n, t.tolist()) for n, t in tensors]
 
 
-def test_handle_messages_carry_tensors_without_buckets():
-    # The CUDA IPC path's messages; reduce_tensor gives shared-memory handles for CPU tensors, so
-    # its framing is checked here and the GPU itself in tests/gpu.
+def test_handle_messages_go_through_a_ring_of_bucket_slots():
+    # The CUDA IPC path's messages and the ring's flow control (a slot is refilled only after the
+    # engine freed it); for CPU tensors a handle carries its slot's bytes, so the framing is
+    # checked here and the GPU itself in tests/gpu. 58 bytes in 8-byte slots: 8 buckets, 3 slots.
     tensors = [("a", torch.arange(12.0).view(3, 4)), ("b", torch.ones(5, dtype=torch.bfloat16))]
     stats, out = _roundtrip(tensors, bucket_bytes=8, cuda_ipc=True)
-    assert stats.buckets == 0 and stats.tensors == 2
+    assert stats.buckets == 8 and stats.tensors == 2 and zmq_transport.RING_SLOTS == 3
     for (_, sent), (_, got) in zip(tensors, out["tensors"]):
         assert got.dtype == sent.dtype and torch.equal(got, sent)
+
+
+def test_the_sender_never_runs_more_than_the_ring_ahead_of_the_engine():
+    tensors = [("a", torch.arange(64.0))]  # 256 bytes: 32 buckets of 8
+    sender = ZmqWeightSender(bucket_bytes=8, timeout_s=10.0, cuda_ipc=True)
+    freed, ahead = [0], []
+
+    def receive():
+        receiver = ZmqWeightReceiver(sender.address, 10.0)
+        send = receiver._sock.send
+
+        def counting(frame, *args, **kwargs):  # the engine's FREE messages, as they leave
+            freed[0] += b'"FREE"' in frame
+            return send(frame, *args, **kwargs)
+
+        receiver._sock.send = counting
+        for _ in receiver.stream(7):
+            time.sleep(0.001)
+        receiver.reply(7)
+        receiver.close()
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    stats = sender.push(iter(tensors), version=7, progress=lambda sent, messages: ahead.append(messages - freed[0]))
+    thread.join()
+    sender.close()
+    assert stats.buckets == 32 and len(ahead) == 32 and max(ahead) <= 3  # the ring's 3 slots
 
 
 # rebuild_cuda_tensor's arguments as reduce_tensor makes them, the device index at position 6

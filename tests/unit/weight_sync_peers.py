@@ -117,4 +117,7 @@ def malicious_handle(marker: str) -> bytes:
 
 
 def handle_message(marker: str, name: str = "model.norm.weight", shape=(128,)) -> list:
-    return [{"op": "HANDLE", "index": 0, "spec": [name, "float32", list(shape)]}, malicious_handle(marker)]
+    """A CUDA IPC bucket slot holding one tensor, whose handle is `malicious_handle`."""
+    nbytes = 4 * shape[0]
+    return [{"op": "HANDLE", "slot": 0, "slot_bytes": nbytes, "nbytes": nbytes,
+             "specs": {"0": [name, "float32", list(shape)]}, "segments": [[0, 0, nbytes]]}, malicious_handle(marker)]

@@ -38,7 +38,12 @@ class InferenceEngine(abc.ABC):
         and swaps it in all-or-nothing; returns the version now served. `secret`: the run's
         weight-sync secret (it arrives through Ray, never over the socket); the sender must prove
         it holds it and the engine proves it back. Required unless `address` is an ipc:// socket
-        file."""
+        file. A ``{uuid}`` in `address` stands for each worker's own GPU (see device_uuids)."""
+
+    @abc.abstractmethod
+    def device_uuids(self) -> list[str | None]:
+        """The physical GPU (CUDA device UUID) of each of the engine's workers, None on CPU:
+        CUDA IPC pairs each worker with the trainer rank on the same GPU."""
 
     @abc.abstractmethod
     def update_weights_collective(self, group: dict, first_rank: int, version: int,

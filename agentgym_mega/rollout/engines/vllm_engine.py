@@ -93,6 +93,9 @@ class VLLMEngine(InferenceEngine):
         return self._serving(version, self.llm.collective_rpc("agm_receive_weights",
                                                               args=(address, version, timeout_s, secret)))
 
+    def device_uuids(self) -> list[str | None]:
+        return self.llm.collective_rpc("agm_device_uuid")
+
     def update_weights_collective(self, group: dict, first_rank: int, version: int,
                                   secret: str | bytes) -> int:
         return self._serving(version, self.llm.collective_rpc("agm_receive_collective",
