@@ -44,11 +44,13 @@ frames between two processes), CURVE moved 0.08-0.13 GB/s against 1.2-1.6 GB/s w
 10-20x slower sync; even an HMAC over the payload runs at about 0.9 GB/s on one core, which
 would about halve the sync rate. The handshake costs one round trip per sync and nothing per byte.
 
-CUDA IPC (GPU, engines colocated with the trainer on the same devices): with ``cuda_ipc=True``
-and tensors on a GPU, no bytes travel. Each tensor goes as a HANDLE message carrying the pickled
-CUDA IPC handle from ``torch.multiprocessing.reductions.reduce_tensor``; the engine maps the
-trainer's memory with it and its loader copies from there. The trainer keeps those tensors alive
-until every ACK arrived. Handles are pickles, so an engine unpickles one only when the address
+CUDA IPC (GPU, engines colocated with the trainer on the same devices; see cuda_ipc for the
+pairing): with ``cuda_ipc=True`` and tensors on a GPU, no bytes travel. The sender copies each
+bucket into a free slot of a ring of RING_SLOTS on that GPU and sends a HANDLE message: the
+bucket's specs and segments, the sender's GPU UUID, and the slot's pickled CUDA IPC handle from
+``torch.multiprocessing.reductions.reduce_tensor``. The engine maps the slot (its device index
+rewritten for the same GPU in its own process), copies the bucket out and answers FREE; a slot is
+refilled only once every engine freed it. Handles are pickles, so an engine unpickles one only when the address
 *it connected to* is an ipc:// socket file (never tcp://, whatever the trainer's messages say;
 a HANDLE on any other transport is a SyncError and the previous weights keep serving), and then
 only with an unpickler that resolves nothing but the few torch names a handle consists of.
@@ -739,14 +741,14 @@ class ZmqWeightReceiver:
 
 
 class ZmqWeightSynchronizer(WeightSynchronizer):
-    """Trainer-side sync over ZMQ: one sender socket, every engine worker pulls from it. The
+    """Trainer-side sync over ZMQ bytes: one sender socket, every engine worker pulls from it (CUDA
+    IPC has a sender per GPU instead: cuda_ipc.CudaIpcWeightSynchronizer). The
     `secret` (see new_secret; required for tcp://) goes to each engine as the `secret=` argument
     of its update_weights call, through Ray, and authenticates both ends of every connection."""
 
     def __init__(self, address: str | None = None, bucket_bytes: int = 256 << 20, timeout_s: float = 120.0,
-                 workers_per_engine: int = 1, cuda_ipc: bool = False, secret: str | bytes | None = None):
-        self.sender = ZmqWeightSender(address, bucket_bytes=bucket_bytes, timeout_s=timeout_s, cuda_ipc=cuda_ipc,
-                                      secret=secret)
+                 workers_per_engine: int = 1, secret: str | bytes | None = None):
+        self.sender = ZmqWeightSender(address, bucket_bytes=bucket_bytes, timeout_s=timeout_s, secret=secret)
         self._secret = secret
         self.timeout_s = timeout_s
         self.workers_per_engine = workers_per_engine  # vLLM TP workers each pull a full copy
