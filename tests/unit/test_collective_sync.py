@@ -14,7 +14,11 @@ import torch.distributed as dist
 from agentgym_mega.weight_sync.collective import GroupSpec, new_group_id
 from tests.unit import collective_peers as peers
 
-TIMEOUT_S = 30.0
+# The groups' timeout is long on purpose: a failure must be noticed through the protocol (the
+# vote, a broken link, an ABORT), and a run that waited for this timeout instead would take over
+# PROMPT_S. Process start-up counts too, hence the margin on a loaded 2-core machine.
+TIMEOUT_S = 180.0
+PROMPT_S = 90.0
 
 
 def run(receivers: int, *, stages: int = 1, algorithm: str = "chain", bucket_bytes: int = 8192, version: int = 5,
@@ -38,10 +42,10 @@ def run(receivers: int, *, stages: int = 1, algorithm: str = "chain", bucket_byt
     expected = stages + receivers - sum(1 for kw in (receiver_kw or {}).values() if "die_after" in kw)
     try:
         while len(out) < expected:
-            role, who, status, info = results.get(timeout=90)
+            role, who, status, info = results.get(timeout=TIMEOUT_S + 60)
             out[(role, who)] = (status, info)
     except queue.Empty:
-        pytest.fail(f"members did not report within 90 s: got {sorted(out)}")
+        pytest.fail(f"members did not report within {TIMEOUT_S + 60:.0f} s: got {sorted(out)}")
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -82,14 +86,14 @@ def test_a_receiver_that_refuses_rolls_every_member_back():
     assert out[("sender", 0)][0] == "error" and "not taken" in out[("sender", 0)][1]
     assert all(out[("receiver", r)][0] == "rolled back" for r in (1, 2, 3)), out
     assert "refused" in out[("receiver", 2)][1]["error"]
-    assert seconds < TIMEOUT_S  # decided by the vote, not by a timeout
+    assert seconds < PROMPT_S  # decided by the vote, not by a timeout
 
 
 def test_a_receiver_killed_mid_sync_rolls_every_other_member_back():
     out, seconds = run(3, receiver_kw={2: {"die_after": 1}})
     assert out[("sender", 0)][0] == "error", out
     assert out[("receiver", 1)][0] == out[("receiver", 3)][0] == "rolled back", out
-    assert seconds < TIMEOUT_S, seconds  # a dead peer breaks its links at once
+    assert seconds < PROMPT_S, seconds  # a dead peer breaks its links at once
 
 
 def test_a_source_that_fails_aborts_the_receivers_at_once():
@@ -98,7 +102,7 @@ def test_a_source_that_fails_aborts_the_receivers_at_once():
     for rank in (1, 2):
         status, info = out[("receiver", rank)]
         assert status == "rolled back" and "aborted version 5" in info["error"], out
-    assert seconds < TIMEOUT_S
+    assert seconds < PROMPT_S
 
 
 def test_a_commit_of_another_version_is_refused_by_every_member():
