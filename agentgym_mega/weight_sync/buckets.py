@@ -35,6 +35,10 @@ class TensorSpec:
     def of(cls, name: str, tensor: torch.Tensor) -> "TensorSpec":
         return cls(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
 
+    def view_of(self, data: torch.Tensor) -> torch.Tensor:
+        """The tensor whose bytes `data` (uint8, flat) holds."""
+        return data.view(to_dtype(self.dtype)).view(self.shape)
+
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
@@ -80,3 +84,12 @@ def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
             offset, room = offset + take, room - take
     if bucket.specs or bucket.segments:
         yield bucket
+
+
+def fill(buffer: torch.Tensor, bucket: Bucket) -> int:
+    """Copies a bucket's payloads into the front of `buffer`, in order; returns the bytes used."""
+    offset = 0
+    for payload in bucket.payloads:
+        buffer[offset : offset + payload.numel()].copy_(payload)
+        offset += payload.numel()
+    return offset

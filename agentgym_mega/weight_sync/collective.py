@@ -46,8 +46,8 @@ import torch
 import torch.distributed as dist
 
 from agentgym_mega.weight_sync.base import WeightSynchronizer
-from agentgym_mega.weight_sync.buckets import Bucket, TensorSpec, pack, to_dtype
-from agentgym_mega.weight_sync.ranks import gather_json, sync_from_ranks
+from agentgym_mega.weight_sync.buckets import TensorSpec, fill, pack
+from agentgym_mega.weight_sync.ranks import engine_ids, gather_json, sync_from_ranks
 from agentgym_mega.weight_sync.zmq_transport import SyncError, SyncStats, _secret_bytes, _timed
 
 CHUNK_BYTES = 4 << 20  # chain relay: a receiver forwards each chunk as soon as it arrived
@@ -222,7 +222,7 @@ class CollectiveSender:
                 slot = buckets % 2
                 for work in in_flight[slot]:  # double buffering: this buffer's previous bucket is out
                     work.wait()
-                nbytes = _fill(self._buffers[slot], bucket)
+                nbytes = fill(self._buffers[slot], bucket)
                 self.link.send_header({
                     "op": "BUCKET", "nbytes": nbytes,
                     "specs": {i: dataclasses.astuple(s) for i, s in bucket.specs.items()},
@@ -261,14 +261,6 @@ class CollectiveSender:
 
     def close(self) -> None:
         self.link.shutdown()
-
-
-def _fill(buffer: torch.Tensor, bucket: Bucket) -> int:
-    offset = 0
-    for payload in bucket.payloads:
-        buffer[offset : offset + payload.numel()].copy_(payload)
-        offset += payload.numel()
-    return offset
 
 
 # -- receiver ------------------------------------------------------------------------------------
@@ -430,7 +422,7 @@ class _Unpacker:
             self.partial[int(index)] = [torch.empty(spec.nbytes, dtype=torch.uint8, device=self.device), 0]
             self.count += 1
             if spec.nbytes == 0:  # no segment will come for it
-                yield name, self.partial.pop(int(index))[0].view(to_dtype(dtype)).view(spec.shape)
+                yield name, spec.view_of(self.partial.pop(int(index))[0])
         offset = 0
         for index, start, size in header["segments"]:
             data, got = self.partial[index]
@@ -442,7 +434,7 @@ class _Unpacker:
             offset += size
             if got + size == data.numel():
                 spec = self.specs[index]
-                yield spec.name, self.partial.pop(index)[0].view(to_dtype(spec.dtype)).view(spec.shape)
+                yield spec.name, spec.view_of(self.partial.pop(index)[0])
 
     def check_complete(self, tensors, stage: int) -> None:
         if self.partial or tensors != self.count:
@@ -452,11 +444,6 @@ class _Unpacker:
 
 def new_group_id() -> str:
     return secrets.token_hex(16)
-
-
-def _engine_id(engine) -> str:
-    actor_id = getattr(engine, "_actor_id", None)  # a Ray actor handle
-    return actor_id.hex() if actor_id is not None else f"local-{id(engine)}"
 
 
 class CollectiveWeightSynchronizer(WeightSynchronizer):
@@ -481,7 +468,7 @@ class CollectiveWeightSynchronizer(WeightSynchronizer):
     def sync(self, named_tensors, engines: Sequence, version: int, progress=None) -> SyncStats | None:
         """Returns the stats of every stage together on global rank 0, None elsewhere; raises
         SyncError on rank 0 when any engine did not take the version (then none did)."""
-        members = tuple(_engine_id(e) for e in engines)
+        members = engine_ids(engines)
         world = 1 + len(engines) * self.workers_per_engine
         rebuild = members != self._members
         store = open_store(self.host, world, self.timeout_s) if rebuild and self.stage is not None else None

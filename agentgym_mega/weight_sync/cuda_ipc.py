@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from agentgym_mega.remote import call_async
 from agentgym_mega.weight_sync.base import WeightSynchronizer
-from agentgym_mega.weight_sync.ranks import gather_json, sync_from_ranks
+from agentgym_mega.weight_sync.ranks import engine_ids, gather_json, sync_from_ranks
 from agentgym_mega.weight_sync.zmq_transport import SyncError, SyncStats, ZmqWeightSender, device_uuid
 
 UUID_FIELD = "{uuid}"
@@ -81,12 +81,12 @@ class CudaIpcWeightSynchronizer(WeightSynchronizer):
             address = self.template.replace(UUID_FIELD, device_uuid(None))
             self._sender = ZmqWeightSender(address, bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s,
                                            cuda_ipc=True, secret=self._secret)
-        self._paired_for = tuple(getattr(e, "_actor_id", id(e)) for e in engines)
+        self._paired_for = engine_ids(engines)
 
     def sync(self, named_tensors, engines: Sequence, version: int, progress=None) -> SyncStats | None:
         """Returns rank 0's view of the sync (one sender's stats; every worker counted as a
         receiver), None elsewhere; raises SyncError on rank 0 when an engine did not take it."""
-        if self._paired_for != tuple(getattr(e, "_actor_id", id(e)) for e in engines):
+        if self._paired_for != engine_ids(engines):
             self._pair(engines)
 
         def push() -> SyncStats:

@@ -32,6 +32,12 @@ def gather_json(item, group=None) -> list:
     return [json.loads(bytes(o[:n].cpu().numpy())) for o, n in zip(out, lengths)]
 
 
+def engine_ids(engines: Sequence) -> tuple[str, ...]:
+    """Who the engines are, to tell whether a sync goes to the same ones as the last (a group or
+    a pairing built for them still holds)."""
+    return tuple(e._actor_id.hex() if hasattr(e, "_actor_id") else f"local-{id(e)}" for e in engines)
+
+
 @dataclasses.dataclass
 class Outcome:
     stats: list[SyncStats]  # of every sender that got through

@@ -79,7 +79,7 @@ import zmq
 
 from agentgym_mega.remote import call_async
 from agentgym_mega.weight_sync.base import WeightSynchronizer
-from agentgym_mega.weight_sync.buckets import TensorSpec, pack, to_dtype
+from agentgym_mega.weight_sync.buckets import TensorSpec, fill, pack
 
 MIN_SECRET_BYTES = 32
 _DOMAIN = "agentgym-mega weight sync v1"
@@ -398,10 +398,7 @@ class ZmqWeightSender:
         for index, bucket in enumerate(pack(itertools.chain([first], tensors), self.bucket_bytes, device=device)):
             slot = index % len(ring)
             self._wait_free(busy, slot)
-            offset = 0
-            for payload in bucket.payloads:
-                ring[slot][offset : offset + payload.numel()].copy_(payload)
-                offset += payload.numel()
+            offset = fill(ring[slot], bucket)
             if device.type == "cuda":
                 torch.cuda.current_stream(device).synchronize()  # the bytes are in the slot before it is shared
             header = self._bucket_header("HANDLE", bucket, slot=slot, slot_bytes=self.bucket_bytes, nbytes=offset,
@@ -708,7 +705,7 @@ class ZmqWeightReceiver:
                 self._sock.send(_json("FREE", slot=slot))
             for index in done:
                 spec = specs[index]
-                yield spec.name, partial.pop(index)[0].view(to_dtype(spec.dtype)).view(spec.shape)
+                yield spec.name, spec.view_of(partial.pop(index)[0])
         self.committed_at = time.perf_counter()
         if order is not None:
             order.update((spec.name, index) for index, spec in specs.items())
