@@ -11,7 +11,6 @@ streams them to the engines.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import ray
 import torch
@@ -273,7 +272,7 @@ class TrainerRank:
         from agentgym_mega.weight_sync.collective import CollectiveWeightSynchronizer
         from agentgym_mega.weight_sync.cuda_ipc import CudaIpcWeightSynchronizer
         from agentgym_mega.weight_sync.ranks import gather_json
-        from agentgym_mega.weight_sync.zmq_transport import choose_transport, endpoint
+        from agentgym_mega.weight_sync.zmq_transport import choose_transport, endpoint, socket_directory
 
         options = self.cfg.weight_sync
         choice, error = None, None
@@ -282,8 +281,7 @@ class TrainerRank:
                 nodes = engine_nodes or [e["node_id"] for e in ray.get([e.health.remote() for e in engines])]
                 own = ray.get_runtime_context().get_node_id()
                 transport = choose_transport(options.transport, own, nodes, platform.has_cuda())
-                # CUDA IPC: the directory of the per-GPU sockets, private to this user (0700)
-                directory = tempfile.mkdtemp(prefix="agentgym-weights-") if transport == "cuda_ipc" else None
+                directory = socket_directory() if transport == "cuda_ipc" else None  # of the per-GPU sockets
                 choice = (transport, new_secret(), directory)
             except Exception as exc:  # noqa: BLE001 - raised below, once the other ranks know
                 error, choice = exc, (None, None, None)

@@ -160,11 +160,16 @@ def _local_only(address: str) -> bool:
     return _ipc_path(address) is not None or address.startswith("inproc://")
 
 
+def socket_directory() -> str:
+    """A fresh directory for ipc:// sockets that only this user can enter (mode 0700); a sender
+    bound in it removes it on close once it is empty."""
+    return tempfile.mkdtemp(prefix=_ADDRESS_PREFIX)
+
+
 def default_address() -> str:
     """An ipc:// endpoint for engines on this node (use tcp://HOST:PORT across nodes), in a fresh
-    directory only this user can enter; the sender bound to it removes it on close."""
-    directory = tempfile.mkdtemp(prefix=_ADDRESS_PREFIX)  # mode 0700
-    return f"ipc://{directory}/sock"
+    socket_directory()."""
+    return f"ipc://{socket_directory()}/sock"
 
 
 def choose_transport(transport: str, trainer_node: str, engine_nodes: Sequence[str], cuda: bool) -> str:
@@ -465,7 +470,7 @@ class ZmqWeightSender:
             except OSError:
                 pass
             directory = os.path.dirname(path)
-            if os.path.basename(directory).startswith(_ADDRESS_PREFIX):  # made by default_address
+            if os.path.basename(directory).startswith(_ADDRESS_PREFIX):  # made by socket_directory
                 try:
                     os.rmdir(directory)
                 except OSError:

@@ -31,7 +31,7 @@ def test_a_worker_on_a_gpu_without_a_trainer_rank_is_named():
 def run(gpus, engine_gpus):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="agentgym-weights-") as directory:
+    with tempfile.TemporaryDirectory() as directory:
         port = free_port("127.0.0.1")
         procs = [ctx.Process(target=cuda_ipc_ranks.job, args=(r, port, directory, gpus, engine_gpus, results))
                  for r in range(len(gpus) if gpus else 1)]
