@@ -77,13 +77,16 @@ class Placement:
     Trainer bundles: one per trainer rank (one GPU each), holding that rank of the actor, the
     reference policy and the critic. `colocated`: engine j runs in trainer bundles
     j * engine_tp ... (j + 1) * engine_tp - 1, sharing their GPUs; `split`: engines get bundles
-    of their own. Env servers started by the trainer get one-CPU bundles spread over the nodes.
+    of their own. Env servers started by the trainer get one-CPU bundles spread over the nodes
+    (over those offering cluster.env_resource when it is set: CPU nodes kept for them).
     In a cluster without GPUs every device bundle is one CPU instead: the same layout on CPU.
     `with_env=False`: no bundles for env servers (a run without environments, e.g. a benchmark)."""
 
     def __init__(self, cfg, gpus: bool, with_env: bool = True):
         from ray.util.placement_group import placement_group
 
+        if cfg.cluster.env_resource and self.env_server_count(cfg, with_env):
+            self._check_resource(cfg.cluster.env_resource)  # before any group is placed
         self.device = "GPU" if gpus else "CPU"
         self.colocated = cfg.cluster.placement == "colocated"
         self.engine_tp = cfg.rollout.engine_tp
@@ -96,7 +99,8 @@ class Placement:
         self.engine_group = (self.trainer_group if self.colocated
                              else placement_group([unit] * engine_bundles, strategy="PACK"))
         servers = self.env_server_count(cfg, with_env)
-        self.env_group = placement_group([{"CPU": 1}] * servers, strategy="SPREAD") if servers else None
+        env_bundle = {"CPU": 1} | ({cfg.cluster.env_resource: 1} if cfg.cluster.env_resource else {})
+        self.env_group = placement_group([env_bundle] * servers, strategy="SPREAD") if servers else None
         self.groups = [g for g in (self.trainer_group, None if self.colocated else self.engine_group, self.env_group)
                        if g is not None]
         ready, _ = ray.wait([g.ready() for g in self.groups], num_returns=len(self.groups),
@@ -122,6 +126,15 @@ class Placement:
         except PlacementError:
             self.remove()
             raise
+
+    @staticmethod
+    def _check_resource(name: str) -> None:
+        """A resource no node offers would leave the env bundles waiting out the placement timeout."""
+        if not any(n["Alive"] and n["Resources"].get(name) for n in ray.nodes()):
+            raise PlacementError(
+                f"cluster.env_resource={name}: no node of the Ray cluster offers it; start the env servers' "
+                f"nodes with `ray start --resources '{{\"{name}\": CPUS}}'` (slurm/train_scalinginter.sh: "
+                f"ENV_NODES or a hetjob), or set cluster.env_resource=null")
 
     @staticmethod
     def _bundle_nodes(group) -> list[str]:

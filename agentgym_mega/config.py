@@ -266,6 +266,10 @@ class ClusterConfig:
     # critic's device memory (parameters, gradients, optimizer state; kept on the host) for the
     # rollout and takes it back for training; `auto` = true when colocated on GPUs.
     offload: Union[Literal["auto"], StrictBool] = "auto"
+    # A custom Ray resource that env server bundles require, so they land only on the nodes that
+    # offer it: slurm/train_scalinginter.sh starts its CPU nodes (ENV_NODES, or a hetjob's second
+    # component) with `env_node` and sets this. null: any node with a free CPU.
+    env_resource: Optional[StrictStr] = None
 
 
 @section
@@ -299,6 +303,10 @@ class LoggingConfig:
     jsonl: StrictBool = True
     progress_bar: StrictBool = True
     experiment: StrictStr = "agentgym-mega"
+    # The engines', trainer ranks' and env servers' output printed by this process: `auto` = when
+    # joining a running cluster (RAY_ADDRESS, as the Slurm launch does), where it would otherwise
+    # stay in each node's Ray session directory; a local run keeps it there (its own Ray logs).
+    worker_output: Union[Literal["auto"], StrictBool] = "auto"
 
 
 @section

@@ -125,7 +125,9 @@ class Stack:
         joining = bool(os.environ.get("RAY_ADDRESS"))
         cpus = (None if joining or platform.has_cuda()
                 else max(os.cpu_count() or 1, Placement.cpus_needed(self.cfg, with_env=env)))
-        ray.init(address=None if joining else "local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        worker_output = self.cfg.logging.worker_output
+        ray.init(address=None if joining else "local", num_cpus=cpus, include_dashboard=False,
+                 log_to_driver=joining if worker_output == "auto" else worker_output)
         self._owns_ray = True
 
     def engines_sleep(self) -> None:

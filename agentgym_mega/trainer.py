@@ -11,14 +11,30 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 
 from tqdm import tqdm
 
 from agentgym_mega import algorithms
+from agentgym_mega.errors import BadInput
 from agentgym_mega.evaluation import Evaluator
 from agentgym_mega.metrics import MetricsLogger, Timer, episode_metrics, plot_rewards, sync_metrics
+from agentgym_mega.models import checkpoint
 from agentgym_mega.rollout.tasks import TaskSampler, select_tasks
 from agentgym_mega.stack import Stack
+
+# The exit code of `agentgym-mega train` stopped by SIGUSR1 after a checkpoint (sysexits'
+# EX_TEMPFAIL: the same command with --resume goes on); slurm/train_scalinginter.sh requeues on it.
+STOPPED_EXIT_CODE = 75
+RESUME_MODES = ("latest", "auto")
+
+
+class Stopped(Exception):
+    """Training stopped early on request (SIGUSR1 to the CLI), after checkpointing `step`."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped on request after step {step}, which is checkpointed")
+        self.step = step
 
 
 def _update(stack: Stack, batch, cfg) -> dict:
@@ -53,7 +69,7 @@ def _update(stack: Stack, batch, cfg) -> dict:
 
 def _save(stack: Stack, cfg, step: int, sampler: TaskSampler) -> None:
     state = {"sampler_position": sampler.position}
-    root = os.path.join(cfg.trainer.output_dir, "checkpoints")
+    root = _checkpoint_root(cfg)
     saved = [g for g in (stack.actor, stack.critic) if g is not None]  # the reference has nothing to save
     stack.trainers_restore(saved)
     stack.actor.save_checkpoint(os.path.join(root, "actor"), step, state)
@@ -62,18 +78,40 @@ def _save(stack: Stack, cfg, step: int, sampler: TaskSampler) -> None:
     stack.trainers_release()
 
 
+def _checkpoint_root(cfg) -> str:
+    return os.path.join(cfg.trainer.output_dir, "checkpoints")
+
+
+def resume_from(cfg, mode: str | None) -> bool:
+    """Whether a run continues from a checkpoint: `latest` requires one in trainer.output_dir,
+    `auto` takes it when there is one (a first start and a requeued job run the same command)."""
+    if mode is None:
+        return False
+    if mode not in RESUME_MODES:
+        raise BadInput(f"--resume {mode!r}: expected one of {', '.join(RESUME_MODES)}")
+    found = os.path.isfile(os.path.join(_checkpoint_root(cfg), "actor", checkpoint.LATEST))
+    if mode == "latest" and not found:
+        raise BadInput(f"--resume: no checkpoint in {_checkpoint_root(cfg)} (trainer.output_dir="
+                       f"{cfg.trainer.output_dir}); --resume auto starts fresh when there is none")
+    return found
+
+
 def _resume(stack: Stack, cfg) -> tuple[int, int]:
     """Loads the latest checkpoint; returns (next step, sampler position)."""
-    root = os.path.join(cfg.trainer.output_dir, "checkpoints")
+    root = _checkpoint_root(cfg)
     state = stack.actor.load_checkpoint(os.path.join(root, "actor"))
     if stack.critic is not None:
         stack.critic.load_checkpoint(os.path.join(root, "critic"))
     return state["global_step"] + 1, state["sampler_position"]
 
 
-def train(cfg, resume: bool = False) -> dict:
-    """Runs cfg.trainer.total_steps steps (from the latest checkpoint with `resume`); returns the
-    last step's metrics."""
+def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -> dict:
+    """Runs cfg.trainer.total_steps steps (from the latest checkpoint with `resume`, see
+    resume_from); returns the last step's metrics. `stop` set (the CLI sets it on SIGUSR1) ends
+    the run after the current step and a checkpoint, raising Stopped."""
+    resume = resume_from(cfg, resume)
+    stop = stop or threading.Event()
+    stopped = None
     with Stack.start(cfg) as stack:
         start, position = _resume(stack, cfg) if resume else (1, 0)
         if resume:  # the engines started from the HF weights: give them the checkpoint's
@@ -127,15 +165,23 @@ def train(cfg, resume: bool = False) -> dict:
             tqdm.write(f"step {step}: reward {metrics['reward/mean']:.3f} success "
                        f"{metrics['reward/success_rate']:.2f} turns {metrics['episode/turns_mean']:.1f} "
                        f"turn cap {turn_cap}")
-            if step == cfg.trainer.total_steps or (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0):
+            last = step == cfg.trainer.total_steps
+            if last or stop.is_set() or (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0):
                 _save(stack, cfg, step, sampler)
+            if stop.is_set() and not last:
+                stopped = step
+                tqdm.write(f"stop requested: stopped after step {step}, checkpointed; --resume goes on "
+                           f"at step {step + 1}")
+                break
         logger.close()
         if evaluate and len(evaluate.history) > 1:
             tqdm.write(evaluate.summary())
         if cfg.logging.jsonl:
             title = f"{cfg.logging.experiment}: {cfg.env.name} {', '.join(cfg.env.categories or [])}"
             tqdm.write(f"reward curve: {plot_rewards(cfg.trainer.output_dir, title)}")
-        return metrics
+    if stopped is not None:
+        raise Stopped(stopped)
+    return metrics
 
 
 def _evaluator(stack: Stack, cfg) -> Evaluator | None:

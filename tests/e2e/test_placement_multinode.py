@@ -1,12 +1,13 @@
-"""Placement on a simulated two-node cluster (ray.cluster_utils.Cluster: two raylets on this
-machine, 4 logical GPUs each): every trainer TP group and every engine's TP workers land on one
-node, and the weight sync's `auto` transport is collective exactly when an engine worker is on another
-node than trainer rank 0."""
+"""Placement on a simulated cluster (ray.cluster_utils.Cluster: raylets on this machine): two nodes
+of 4 logical GPUs, where every trainer TP group and every engine's TP workers land on one node, and
+the weight sync's `auto` transport is collective exactly when an engine worker is on another node
+than trainer rank 0; and a CPU node offering `env_node`, the only place env servers go once
+cluster.env_resource names it."""
 
 import pytest
 import ray
 
-from agentgym_mega.cluster import Placement
+from agentgym_mega.cluster import Placement, PlacementError
 from agentgym_mega.config import load_config
 from agentgym_mega.weight_sync import choose_transport
 from tests.e2e.test_placement import Probe
@@ -20,9 +21,10 @@ def two_nodes():
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 4})
     cluster.add_node(num_cpus=4, num_gpus=4)
+    env_node = cluster.add_node(num_cpus=2, resources={"env_node": 2})  # a CPU node kept for env servers
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
-    yield
+    yield env_node.node_id
     ray.shutdown()
     cluster.shutdown()
 
@@ -69,3 +71,21 @@ def test_a_run_within_one_node_syncs_over_ipc(two_nodes):
         assert transport(placement, ranks[0]) == "ipc"
     finally:
         placement.remove()
+
+
+def test_env_servers_go_only_to_the_nodes_offering_the_env_resource(two_nodes):
+    cfg = config("parallel.world_size=2", "rollout.num_engines=1", "env.num_servers=2",
+                 "cluster.env_resource=env_node")
+    placement = Placement(cfg, gpus=True)
+    try:
+        assert nodes_of([placement.env_server(i) for i in range(2)]) == [two_nodes, two_nodes]
+        assert two_nodes not in nodes_of([placement.trainer(r) for r in range(2)])
+    finally:
+        placement.remove()
+
+
+def test_an_env_resource_no_node_offers_is_named_at_once(two_nodes):
+    cfg = config("parallel.world_size=2", "rollout.num_engines=1", "cluster.env_resource=cpu_pool")
+    with pytest.raises(PlacementError, match="cluster.env_resource=cpu_pool: no node of the Ray cluster offers it"):
+        Placement(cfg, gpus=True)
+    assert not [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]

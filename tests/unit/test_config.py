@@ -93,6 +93,8 @@ BAD = [
     (["weight_sync.transport=nccl"], ["weight_sync.transport", "'cuda_ipc'", "'nccl'"]),
     (["weight_sync.bucket_mb=0"], ["weight_sync.bucket_mb", "integer >= 1"]),
     (["weight_sync.timeout_s=0"], ["weight_sync.timeout_s", "> 0"]),
+    (["cluster.env_resource=5"], ["cluster.env_resource", "5"]),
+    (["logging.worker_output=sometimes"], ["logging.worker_output", "'auto'", "'sometimes'"]),
     (["trainer=3"], ["trainer", "section"]),
     (["trainer.total_steps"], ["trainer.total_steps", "section.key=value"]),
 ]
