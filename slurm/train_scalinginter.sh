@@ -1,18 +1,20 @@
 #!/bin/bash
 # ScalingInter-RL training on Slurm: a Ray cluster over the allocation (head on the first node,
-# workers on the others), then `agentgym-mega train` on the head node, then Ray torn down.
+# workers on the others, env-server CPU nodes with their own resource), then `agentgym-mega
+# train` on the head node, then Ray torn down and every node's Ray logs copied to logs/<job id>/.
 #
-#   sbatch slurm/train_scalinginter.sh ENV [key=value ...]
+#   sbatch slurm/train_scalinginter.sh ENV|CONFIG.yaml [key=value ...]
 #
-# ENV picks configs/ENV_scalinginter.yaml (babyai, textcraft, sciworld); the dotted overrides
-# go to `agentgym-mega train` unchanged. Submit from the repository root with the environment
-# that has agentgym-mega and ray on PATH active (sbatch exports it to the job).
-# Size parallel.world_size (and rollout.num_engines * rollout.engine_tp with
+# ENV picks configs/ENV_scalinginter.yaml (babyai, textcraft, sciworld); a YAML path is used as
+# is. The dotted overrides go to `agentgym-mega train` unchanged. Submit from the repository root
+# with the environment that has agentgym-mega and ray on PATH active (sbatch exports it), or set
+# CONTAINER_IMAGE. Size parallel.world_size (and rollout.num_engines * rollout.engine_tp with
 # cluster.placement=split) to nodes * GPUs per node; the directives below are an example.
 #
-# Optional variables: RAY_PORT (6379), RAY_START_TIMEOUT (seconds to wait for every node, 300),
-# AGM_SUBCOMMAND (`agentgym-mega` subcommand run on the cluster with the same config and
-# overrides, default train; `config` only prints the resolved config: a dry run of the launch).
+# Preemption and time limits: Slurm sends USR1 300 s before the end; the trainer finishes its
+# step, checkpoints and exits 75, and the job requeues itself. The requeued job runs this script
+# again with --resume auto, which continues at the next step. Every variable the script reads is
+# listed in slurm/README.md.
 #SBATCH --job-name=agentgym-scalinginter
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
@@ -20,57 +22,179 @@
 #SBATCH --cpus-per-task=64
 #SBATCH --time=48:00:00
 #SBATCH --output=slurm-%x-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@300
 set -euo pipefail
 
-env_name=${1:?usage: sbatch slurm/train_scalinginter.sh babyai|textcraft|sciworld [key=value ...]}
+# sbatch runs a copy of this file from its spool directory: the repository is the submit directory.
+cd "${SLURM_SUBMIT_DIR:-.}"
+# shellcheck source=slurm/common.sh
+source slurm/common.sh
+
+target=${1:?usage: sbatch slurm/train_scalinginter.sh babyai|textcraft|sciworld|CONFIG.yaml [key=value ...]}
 shift
-config=configs/${env_name}_scalinginter.yaml
-# A bad config or override fails here, before any node starts Ray.
-agentgym-mega config --config "$config" "$@" > /dev/null
+overrides=("$@")
+if [[ $target == *.yaml || $target == *.yml ]]; then
+    config=$target
+else
+    config=configs/${target}_scalinginter.yaml
+fi
+[[ -f $config ]] || agm_die "$config: no such config (an environment name: babyai, textcraft, sciworld; or a YAML path)"
+subcommand=${AGM_SUBCOMMAND:-train}
+restart=${SLURM_RESTART_COUNT:-0}
+
+agm_log_dir
+exec > >(tee -a "$AGM_LOG_DIR/driver.log") 2> >(tee -a "$AGM_LOG_DIR/driver.log" >&2)
+agm_log "job ${SLURM_JOB_ID:-local} (restart $restart), config $config, logs in $AGM_LOG_DIR"
+
+# The GPU nodes, and the CPU nodes for env servers: a hetjob's second component, or ENV_NODES.
+declare -a nodes env_nodes=()
+if [[ -n ${SLURM_JOB_NODELIST_HET_GROUP_1:-} ]]; then
+    # shellcheck disable=SC2153  # Slurm sets one per hetjob component
+    mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_0")
+    mapfile -t env_nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST_HET_GROUP_1")
+    for node in "${env_nodes[@]}"; do
+        AGM_HET_GROUP[$node]=1
+    done
+else
+    mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    if [[ -n ${ENV_NODES:-} ]]; then
+        mapfile -t env_nodes < <(scontrol show hostnames "$ENV_NODES")
+        gpu_nodes=()
+        for node in "${nodes[@]}"; do
+            [[ " ${env_nodes[*]} " == *" $node "* ]] || gpu_nodes+=("$node")
+        done
+        for node in "${env_nodes[@]}"; do
+            [[ " ${nodes[*]} " == *" $node "* ]] || agm_die "ENV_NODES: $node is not a node of this job (${nodes[*]})"
+        done
+        nodes=("${gpu_nodes[@]}")
+    fi
+fi
+[[ ${#nodes[@]} -ge 1 ]] || agm_die "no GPU node left: ENV_NODES names every node of the job"
+head_node=${nodes[0]}
+cpus=${SLURM_CPUS_PER_TASK:-$(nproc)}
+env_cpus=${ENV_NODE_CPUS:-${SLURM_CPUS_PER_TASK_HET_GROUP_1:-$cpus}}
+if [[ ${#env_nodes[@]} -gt 0 ]]; then
+    overrides+=(cluster.env_resource=env_node)
+fi
+agm_detect_gpus
+agm_ray_port_args
+[[ $GCS_PORT != 0 ]] || agm_die "GCS_PORT=0: the head needs a fixed port that the other nodes can dial"
+
+# A bad config or override fails here, before any node starts Ray; the resolved config is kept.
+agm_on_node "$head_node" agentgym-mega config --config "$config" "${overrides[@]}" > "$AGM_LOG_DIR/config.yaml"
 
 # Ray authenticates every connection with a token; one per job, which srun hands to every step.
 export RAY_AUTH_MODE=token
-RAY_AUTH_TOKEN=${RAY_AUTH_TOKEN:-$(python -c "import secrets; print(secrets.token_hex(32))")}
+RAY_AUTH_TOKEN=${RAY_AUTH_TOKEN:-$(python3 -c "import secrets; print(secrets.token_hex(32))")}
 export RAY_AUTH_TOKEN
+head_ip=$(agm_on_node "$head_node" hostname --ip-address | awk '{print $1}')
+export RAY_ADDRESS="$head_ip:$GCS_PORT"
 
-mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-head_node=${nodes[0]}
-head_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk '{print $1}')
-export RAY_ADDRESS="$head_ip:${RAY_PORT:-6379}"
-gpus=${SLURM_GPUS_PER_NODE:-0}
-gpus=${gpus##*:}  # "h100:8" -> 8
-cpus=${SLURM_CPUS_PER_TASK:-$(nproc)}
-
-steps=()
-stop_ray() {
-    # Ending the blocking `ray start` steps stops Ray on every node.
-    if [ ${#steps[@]} -gt 0 ]; then
-        kill "${steps[@]}" 2> /dev/null || true
-        wait "${steps[@]}" 2> /dev/null || true
-    fi
+finished=0
+finish() {
+    # Stop Ray everywhere, then bring each node's Ray logs home; once, also on errors.
+    [[ $finished == 0 ]] || return 0
+    finished=1
+    agm_stop_steps
+    local node copies=()
+    for node in "${nodes[@]}" "${env_nodes[@]}"; do
+        # shellcheck disable=SC2016  # expanded on the node
+        agm_step "$node" bash -c 'src=${RAY_TMPDIR:-/tmp}/ray/session_latest/logs
+            [[ ! -d $src ]] || { mkdir -p "$1" && cp -r "$src/." "$1"; }' _ "$AGM_LOG_DIR/ray/$node-restart$restart"
+        "${AGM_STEP[@]}" &
+        copies+=($!)
+    done
+    for node in "${copies[@]}"; do
+        wait "$node" || agm_log "a node's Ray logs could not all be copied to $AGM_LOG_DIR/ray"
+    done
 }
-trap stop_ray EXIT
+trap finish EXIT
+trap 'exit 143' TERM INT  # scancel: Ray stopped and its logs copied all the same
+# USR1 (Slurm's warning before the time limit) before the trainer runs: no step to save, requeue.
+driver=
+stop_requested=0
+trap 'stop_requested=1; [[ -z $driver ]] || kill -USR1 "$driver" 2> /dev/null || true' USR1
 
-srun --nodes=1 --ntasks=1 -w "$head_node" ray start --head --block --node-ip-address="$head_ip" \
-    --port="${RAY_PORT:-6379}" --num-cpus="$cpus" --num-gpus="$gpus" --include-dashboard=false --disable-usage-stats &
-steps+=($!)
+start_ray() {  # node, then `ray start` flags of its own
+    local node=$1
+    shift
+    agm_step "$node" ray start --block --disable-usage-stats "${AGM_RAY_PORT_ARGS[@]}" "$@"
+    "${AGM_STEP[@]}" &
+    agm_watch $! "$node"
+}
+start_ray "$head_node" --head --node-ip-address="$head_ip" --port="$GCS_PORT" --num-cpus="$cpus" \
+    --num-gpus="$AGM_GPUS" --include-dashboard=false
 for node in "${nodes[@]:1}"; do
-    srun --nodes=1 --ntasks=1 -w "$node" ray start --block --address="$RAY_ADDRESS" \
-        --num-cpus="$cpus" --num-gpus="$gpus" --disable-usage-stats &
-    steps+=($!)
+    start_ray "$node" --address="$RAY_ADDRESS" --num-cpus="$cpus" --num-gpus="$AGM_GPUS"
+done
+for node in "${env_nodes[@]}"; do
+    start_ray "$node" --address="$RAY_ADDRESS" --num-cpus="$env_cpus" --num-gpus=0 --resources="{\"env_node\": $env_cpus}"
 done
 
 # Workers can only join once the head is up; wait until every node is alive in the cluster.
+expected=$((${#nodes[@]} + ${#env_nodes[@]}))
 deadline=$((SECONDS + ${RAY_START_TIMEOUT:-300}))
-all_alive="import ray, sys; ray.init(logging_level='ERROR'); sys.exit(sum(n['Alive'] for n in ray.nodes()) < ${#nodes[@]})"
-until python -c "$all_alive" 2> /dev/null; do
-    if [ $SECONDS -ge $deadline ]; then
-        echo "Ray did not come up on all ${#nodes[@]} nodes within ${RAY_START_TIMEOUT:-300} s:" >&2
-        python -c "$all_alive" 2>&1 | tail -3 >&2 || true
-        exit 1
+all_alive="
+import ray, sys
+ray.init(logging_level='ERROR')
+alive = [n for n in ray.nodes() if n['Alive']]
+if len(alive) < $expected:
+    sys.exit(f'{len(alive)} of $expected nodes alive')
+for n in alive:
+    r = n['Resources']
+    print(f\"  {n['NodeManagerAddress']}: node manager port {n['NodeManagerPort']}, object manager port \"
+          f\"{n['ObjectManagerPort']}, {r.get('GPU', 0):g} GPUs, {r.get('CPU', 0):g} CPUs\"
+          + (f\", env_node {r['env_node']:g}\" if 'env_node' in r else ''))
+"
+until agm_on_node "$head_node" python3 -c "$all_alive" 2> "$AGM_LOG_DIR/ray-wait.err"; do
+    agm_check_steps || agm_die "Ray did not come up on every node"
+    if [[ $SECONDS -ge $deadline ]]; then
+        tail -3 "$AGM_LOG_DIR/ray-wait.err" >&2
+        agm_die "Ray did not come up on all $expected nodes within ${RAY_START_TIMEOUT:-300} s"
     fi
     sleep 5
 done
-echo "Ray cluster up at $RAY_ADDRESS: ${#nodes[@]} nodes, $gpus GPUs and $cpus CPUs each"
+agm_log "Ray cluster up at $RAY_ADDRESS: ${#nodes[@]} node(s) of $AGM_GPUS GPUs (from $AGM_GPUS_FROM) and $cpus CPUs" \
+    "each${env_nodes[*]:+, env servers on ${env_nodes[*]} (resource env_node)}"
 
-agentgym-mega "${AGM_SUBCOMMAND:-train}" --config "$config" "$@"
+requeue() {
+    finish
+    agm_log "$1: requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+}
+requeue_on=${REQUEUE:-1}
+[[ -n ${SLURM_JOB_ID:-} ]] || requeue_on=0
+if [[ $stop_requested == 1 && $requeue_on == 1 ]]; then
+    requeue "USR1 before training started"
+fi
+
+args=(--config "$config")
+if [[ $subcommand == train && ${RESUME:-auto} != never ]]; then
+    args+=(--resume "${RESUME:-auto}")  # auto: the latest checkpoint if there is one, else from the start
+fi
+agm_log "agentgym-mega $subcommand ${args[*]} ${overrides[*]}"
+agm_step "$head_node" agentgym-mega "$subcommand" "${args[@]}" "${overrides[@]}"
+"${AGM_STEP[@]}" &
+driver=$!  # srun passes USR1 on to the trainer, which stops after its step with a checkpoint
+
+# Watch the Ray steps while the driver runs: a node that dies ends the job, naming it.
+while kill -0 "$driver" 2> /dev/null; do
+    if ! agm_check_steps; then
+        kill -TERM "$driver" 2> /dev/null || true
+        wait "$driver" || true
+        agm_die "agentgym-mega $subcommand cannot go on without that node: job ended"
+    fi
+    sleep 5 &
+    wait $! || true  # a signal ends the wait at once, not after the sleep
+done
+rc=0
+wait "$driver" || rc=$?
+if [[ $rc == 75 && $requeue_on == 1 ]]; then
+    requeue "the trainer stopped after a checkpoint (exit 75)"
+fi
+finish
+agm_log "agentgym-mega $subcommand exited $rc"
+exit "$rc"

@@ -1,64 +1,223 @@
-"""slurm/train_scalinginter.sh without Slurm: stand-in `srun` (runs the command here) and
-`scontrol` (lists the node names) on PATH, so the script's own Ray bring-up (a head and a worker
-node joining it, both on this machine), wait and teardown really run, with `agentgym-mega config`
-in place of train. sbatch's directives and separate machines are left to a real cluster."""
+"""The Slurm scripts without Slurm: stand-in `srun` (runs the step's command here) and `scontrol`
+(lists node names, records requeues) on PATH, so the scripts' own Ray bring-up (a head and
+nodes joining it, all on this machine), waits, training, signals, requeue, resume and teardown
+really run. sbatch's directives and separate machines are left to a real cluster."""
 
+import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 
 from agentgym_mega.network import free_port
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = os.path.join(REPO, "slurm", "train_scalinginter.sh")
+SLURM = os.path.join(REPO, "slurm")
 SRUN = """#!/bin/bash
-# srun stand-in: drop the step options, run the command on this machine.
+# srun stand-in: drop the step options, run the command on this machine. A step of a ray start on
+# $SRUN_FAIL_NODE fails at once, as on a node that is down.
+node=
 while [[ $# -gt 0 && $1 == -* ]]; do
-    case $1 in -w|--nodelist|-N|-n) shift 2 ;; *) shift ;; esac
+    case $1 in -w) node=$2; shift 2 ;; *) shift ;; esac
 done
+[[ -n $SRUN_FAIL_NODE && $node == "$SRUN_FAIL_NODE" && "$*" == *"ray start"* ]] && exit 3
 exec "$@"
 """
 SCONTROL = """#!/bin/bash
-[[ $1 == show && $2 == hostnames ]] && tr ',' '\\n' <<< "$3"
+case $1 in
+    show) tr ',' '\\n' <<< "$3" ;;
+    requeue) echo "requeue $2" >> "$SCONTROL_LOG" ;;
+esac
 """
+NODE_PORTS = ("NODE_MANAGER_PORT", "OBJECT_MANAGER_PORT", "RUNTIME_ENV_AGENT_PORT", "DASHBOARD_AGENT_GRPC_PORT",
+              "DASHBOARD_AGENT_LISTEN_PORT", "METRICS_EXPORT_PORT")
 
 
-def _launch(tmp_path, ray_dir, *args, nodes="node-a"):
+@pytest.fixture
+def slurm_env(tmp_path):
+    """The environment of a job on nodes node-a and node-b (GPUs given --gres style), with this
+    test's own Ray (a short temp dir: Ray's socket paths have a length limit) and log directory.
+    Several "nodes" share this host: their own ports are left to Ray (0)."""
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
+    bin_dir.mkdir()
     for name, body in (("srun", SRUN), ("scontrol", SCONTROL)):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
+    ray_dir = tempfile.mkdtemp(prefix="agm-ray-", dir="/tmp")
     env = dict(os.environ, PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-               SLURM_JOB_NODELIST=nodes, SLURM_GPUS_PER_NODE="h100:2", SLURM_CPUS_PER_TASK="2",
-               RAY_PORT=str(free_port()), RAY_TMPDIR=ray_dir,  # this Ray only: not /tmp/ray's current cluster
-               AGM_SUBCOMMAND="config")
-    env.pop("RAY_ADDRESS", None)
-    return subprocess.run(["bash", SCRIPT, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-
-
-def test_script_parses():
-    assert subprocess.run(["bash", "-n", SCRIPT]).returncode == 0
-
-
-def test_brings_ray_up_runs_the_command_with_the_overrides_and_tears_down(tmp_path):
-    ray_dir = tempfile.mkdtemp(prefix="agm-ray-", dir="/tmp")  # short: Ray's socket paths have a length limit
-    result = _launch(tmp_path, ray_dir, "babyai", "trainer.total_steps=7", "cluster.placement=split",
-                     nodes="node-a,node-b")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert "2 nodes, 2 GPUs and 2 CPUs each" in result.stdout  # printed once both nodes are alive
-    assert "total_steps: 7" in result.stdout and "placement: split" in result.stdout
-    assert "caps:\n  - 6\n  - 13\n  - 20" in result.stdout  # configs/babyai_scalinginter.yaml
+               SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node-a,node-b", SLURM_JOB_GPUS="0,1",
+               SLURM_CPUS_PER_TASK="2", GCS_PORT=str(free_port()), RAY_TMPDIR=ray_dir,
+               LOG_DIR=str(tmp_path / "logs"), SCONTROL_LOG=str(tmp_path / "scontrol.log"), RAY_START_TIMEOUT="180")
+    env |= {name: "0" for name in NODE_PORTS}
+    for name in ("RAY_ADDRESS", "SLURM_SUBMIT_DIR", "SLURM_RESTART_COUNT"):
+        env.pop(name, None)
+    yield env
     left = subprocess.run(["pgrep", "-f", ray_dir], capture_output=True, text=True).stdout.split()
+    for pid in left:
+        os.kill(int(pid), signal.SIGKILL)
     assert not left, f"Ray processes left running: {left}"
 
 
-def test_a_bad_override_stops_before_ray_starts(tmp_path):
-    result = _launch(tmp_path, "/tmp/agm-ray-unused", "babyai", "trainer.total_stepz=7")
+def launch(env, *args, script="train_scalinginter.sh", timeout=600):
+    return subprocess.run(["bash", os.path.join(SLURM, script), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_gres_gpus_pinned_ports_resolved_config_and_ray_logs_of_every_node(slurm_env, tmp_path):
+    ports = {"NODE_MANAGER_PORT": free_port(), "OBJECT_MANAGER_PORT": free_port()}
+    env = slurm_env | {k: str(v) for k, v in ports.items()} | {"SLURM_JOB_NODELIST": "node-a",
+                                                                "AGM_SUBCOMMAND": "config"}
+    env.pop("SLURM_JOB_GPUS")
+    env["SLURM_GRES"] = "gpu:h100:2(S:0-1)"  # what --gres=gpu:h100:2 leaves, SLURM_GPUS_PER_NODE unset
+    result = launch(env, "babyai", "trainer.total_steps=7", "cluster.placement=split")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "1 node(s) of 2 GPUs (from SLURM_GRES) and 2 CPUs each" in result.stdout  # once the node is alive
+    ports_line = f"node manager port {ports['NODE_MANAGER_PORT']}, object manager port {ports['OBJECT_MANAGER_PORT']}"
+    assert ports_line in result.stdout
+    assert "total_steps: 7" in result.stdout and "caps:\n  - 6\n  - 13\n  - 20" in result.stdout
+    logs = tmp_path / "logs"
+    assert "placement: split" in (logs / "config.yaml").read_text()  # the resolved config
+    assert "total_steps: 7" in (logs / "driver.log").read_text()
+    assert (logs / "ray" / "node-a-restart0" / "raylet.out").is_file()
+
+
+def test_a_node_that_does_not_start_ends_the_job_naming_it(slurm_env):
+    env = slurm_env | {"SLURM_JOB_NODELIST": "node-a,node-dead", "SRUN_FAIL_NODE": "node-dead",
+                       "AGM_SUBCOMMAND": "config"}
+    started = time.monotonic()
+    result = launch(env, "babyai")
+    assert result.returncode == 1
+    assert "the Ray step on node node-dead ended (exit 3)" in result.stderr
+    assert time.monotonic() - started < 120  # noticed, not waited out (RAY_START_TIMEOUT is 180)
+
+
+def test_bad_input_stops_before_ray_starts(slurm_env):
+    result = launch(slurm_env | {"AGM_SUBCOMMAND": "config"}, "babyai", "trainer.total_stepz=7")
     assert result.returncode == 2 and "trainer.total_stepz" in result.stderr
     assert "Ray cluster up" not in result.stdout
+    no_gpus = {k: v for k, v in slurm_env.items() if k != "SLURM_JOB_GPUS"}
+    result = launch(no_gpus, "babyai")
+    assert result.returncode == 1 and "no GPUs in this job" in result.stderr
+    result = launch(slurm_env, "nosuchenv")
+    assert result.returncode == 1 and "configs/nosuchenv_scalinginter.yaml: no such config" in result.stderr
+
+
+def read_metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_usr1_checkpoints_requeues_and_the_same_command_resumes(slurm_env, tmp_path):
+    """node-a trains (CPU: AGM_DEVICE=cpu, though Slurm allotted GPUs), node-b is an env node:
+    USR1 to the batch script mid-run stops the trainer after its step with a checkpoint (exit 75)
+    and requeues the job; the requeued job's same command resumes at the next step and turn cap."""
+    model = tmp_path / "tiny"
+    assert run_cli("make-tiny-model", "--out", str(model), "--kv-heads", "2").returncode == 0
+    run_dir = tmp_path / "run"
+    overrides = [
+        f"model.path={model}", "model.dtype=float32", "parallel.world_size=1", "parallel.tp=1",
+        "parallel.sequence_parallel=false", "parallel.recompute=none",
+        "rollout.num_engines=1", "rollout.n_per_task=2", "rollout.max_tokens_per_turn=12", "rollout.max_model_len=2048",
+        "env.name=textcraft", "env.num_servers=1", "env.categories=[depth-1]",
+        "algorithm.kl_coef=0.0", "algorithm.entropy_coef=0.05",
+        "horizon.schedule=scaling_inter", "horizon.caps=[1,2,3]", "horizon.interval=1",
+        "trainer.total_steps=3", "trainer.batch_size=2", "trainer.mini_batch_size=1", "trainer.lr=0.01",
+        f"trainer.output_dir={run_dir}", "logging.progress_bar=false",
+    ]
+    env = slurm_env | {"AGM_DEVICE": "cpu", "ENV_NODES": "node-b"}
+    command = ["bash", os.path.join(SLURM, "train_scalinginter.sh"), os.path.join("configs", "base.yaml"), *overrides]
+    with open(tmp_path / "out-0", "w") as out:
+        job = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while not (run_dir / "metrics.jsonl").is_file() and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+        job.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@300: to the batch shell
+        assert job.wait(timeout=600) == 0, (tmp_path / "out-0").read_text()[-4000:]
+    logs = tmp_path / "logs"
+    first = (logs / "driver.log").read_text()
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"
+    assert "exit 75" in first and "requeueing job 4242" in first
+    stopped = int((run_dir / "checkpoints" / "actor" / "latest").read_text().strip().removeprefix("iter_"))
+    assert stopped < 3 and [m["step"] for m in read_metrics(run_dir)] == list(range(1, stopped + 1))
+    # node-b joined with the env servers' resource, and the run placed its servers by it
+    assert re.search(r", env_node 2\b", first) and "env servers on node-b (resource env_node)" in first
+    assert "env_resource: env_node" in (logs / "config.yaml").read_text()
+    assert re.search(r"\(\w+ pid=\d+", first), "workers' output reaches the driver's log"
+    assert (logs / "ray" / "node-b-restart0").is_dir()
+
+    result = subprocess.run(command, cwd=REPO, env=env | {"SLURM_RESTART_COUNT": "1"}, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "job 4242 (restart 1)" in result.stdout and "--resume auto" in result.stdout
+    steps = read_metrics(run_dir)
+    assert [m["step"] for m in steps] == [1, 2, 3]  # the resumed run went on at stopped + 1
+    assert [m["horizon/turn_cap"] for m in steps] == [1, 2, 3]
+    assert steps[-1]["rollout/logprob_diff"] <= 1e-4  # the engine serves the resumed weights
+    assert (run_dir / "checkpoints" / "actor" / "latest").read_text().strip() == "iter_0000003"
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"  # a finished run is not requeued
+
+    hf = tmp_path / "hf"
+    result = launch(slurm_env, str(run_dir / "checkpoints" / "actor"), str(hf), script="convert_to_hf.sh")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((hf / "config.json").read_text())["model_type"] and list(hf.glob("*.safetensors"))
+
+
+def test_env_server_fleet_serves_with_a_secret_and_restarts_a_server_that_dies(slurm_env, tmp_path):
+    base = free_port()
+    while port_taken(base + 1):  # the second server's port
+        base = free_port()
+    env = slurm_env | {"SLURM_JOB_NODELIST": "node-a", "SLURM_NTASKS_PER_NODE": "2", "ENV_BASE_PORT": str(base)}
+    logs = tmp_path / "logs"
+    with open(tmp_path / "out", "w") as out:
+        fleet = subprocess.Popen(["bash", os.path.join(SLURM, "env_servers.sh"), "babyai"], cwd=REPO, env=env,
+                                 stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 180
+            while not (logs / "env_urls.txt").is_file() and fleet.poll() is None and time.monotonic() < deadline:
+                time.sleep(1)
+            urls = (logs / "env_urls.txt").read_text().split()
+            assert len(urls) == 2 and urls[1].endswith(f":{base + 1}")
+            assert (logs / "env_servers.yaml").read_text().strip() == f"env.server_urls=[{urls[0]},{urls[1]}]"
+            secret = (logs / "env_secret").read_text().strip()
+            assert os.stat(logs / "env_secret").st_mode & 0o077 == 0
+            for url in urls:
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    urllib.request.urlopen(url + "/tasks", timeout=10)
+                assert refused.value.code == 401
+                request = urllib.request.Request(url + "/tasks", headers={"Authorization": f"Bearer {secret}"})
+                assert json.load(urllib.request.urlopen(request, timeout=30))
+            server = subprocess.run(["pgrep", "-f", f"env-server --env babyai .*--port {base + 1} "],
+                                    capture_output=True, text=True).stdout.split()
+            os.kill(int(server[0]), signal.SIGKILL)
+            deadline = time.monotonic() + 120
+            while "restart 1 of 3" not in (logs / "env_servers.log").read_text() and time.monotonic() < deadline:
+                time.sleep(1)
+            assert f"the server on node-a ({urls[1]}) exited" in (logs / "env_servers.log").read_text()
+            while time.monotonic() < deadline:
+                try:
+                    urllib.request.urlopen(urls[1] + "/health", timeout=5)
+                    break
+                except OSError:
+                    time.sleep(1)
+            urllib.request.urlopen(urls[1] + "/health", timeout=5)  # back on its port
+        finally:
+            fleet.terminate()  # scancel
+            fleet.wait(timeout=60)
+    left = subprocess.run(["pgrep", "-f", f"env-server --env babyai .*--port ({base}|{base + 1}) "],
+                          capture_output=True, text=True).stdout.split()
+    assert not left, "the fleet's servers end with the job"
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0

