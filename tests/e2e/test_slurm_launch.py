@@ -117,13 +117,10 @@ def read_metrics(run_dir):
         return [json.loads(line) for line in f]
 
 
-def test_usr1_checkpoints_requeues_and_the_same_command_resumes(slurm_env, tmp_path):
-    """node-a trains (CPU: AGM_DEVICE=cpu, though Slurm allotted GPUs), node-b is an env node:
-    USR1 to the batch script mid-run stops the trainer after its step with a checkpoint (exit 75)
-    and requeues the job; the requeued job's same command resumes at the next step and turn cap."""
+def tiny_training(tmp_path, steps: int) -> list[str]:
+    """The launch command of a tiny TextCraft training on CPU (AGM_DEVICE=cpu) writing to tmp_path/run."""
     model = tmp_path / "tiny"
     assert run_cli("make-tiny-model", "--out", str(model), "--kv-heads", "2").returncode == 0
-    run_dir = tmp_path / "run"
     overrides = [
         f"model.path={model}", "model.dtype=float32", "parallel.world_size=1", "parallel.tp=1",
         "parallel.sequence_parallel=false", "parallel.recompute=none",
@@ -131,18 +128,33 @@ def test_usr1_checkpoints_requeues_and_the_same_command_resumes(slurm_env, tmp_p
         "env.name=textcraft", "env.num_servers=1", "env.categories=[depth-1]",
         "algorithm.kl_coef=0.0", "algorithm.entropy_coef=0.05",
         "horizon.schedule=scaling_inter", "horizon.caps=[1,2,3]", "horizon.interval=1",
-        "trainer.total_steps=3", "trainer.batch_size=2", "trainer.mini_batch_size=1", "trainer.lr=0.01",
-        f"trainer.output_dir={run_dir}", "logging.progress_bar=false",
+        f"trainer.total_steps={steps}", "trainer.batch_size=2", "trainer.mini_batch_size=1", "trainer.lr=0.01",
+        f"trainer.output_dir={tmp_path / 'run'}", "logging.progress_bar=false",
     ]
-    env = slurm_env | {"AGM_DEVICE": "cpu", "ENV_NODES": "node-b"}
-    command = ["bash", os.path.join(SLURM, "train_scalinginter.sh"), os.path.join("configs", "base.yaml"), *overrides]
-    with open(tmp_path / "out-0", "w") as out:
+    return ["bash", os.path.join(SLURM, "train_scalinginter.sh"), os.path.join("configs", "base.yaml"), *overrides]
+
+
+def start_and_wait_for_a_step(command, env, out_path) -> subprocess.Popen:
+    """The job started in the background, once its first step is logged."""
+    metrics = out_path.parent / "run" / "metrics.jsonl"
+    with open(out_path, "w") as out:
         job = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 600
-        while not (run_dir / "metrics.jsonl").is_file() and job.poll() is None and time.monotonic() < deadline:
-            time.sleep(1)
-        job.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@300: to the batch shell
-        assert job.wait(timeout=600) == 0, (tmp_path / "out-0").read_text()[-4000:]
+    deadline = time.monotonic() + 600
+    while not metrics.is_file() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(1)
+    return job
+
+
+def test_usr1_checkpoints_requeues_and_the_same_command_resumes(slurm_env, tmp_path):
+    """node-a trains (CPU: AGM_DEVICE=cpu, though Slurm allotted GPUs), node-b is an env node:
+    USR1 to the batch script mid-run stops the trainer after its step with a checkpoint (exit 75)
+    and requeues the job; the requeued job's same command resumes at the next step and turn cap."""
+    command = tiny_training(tmp_path, steps=3)
+    run_dir = tmp_path / "run"
+    env = slurm_env | {"AGM_DEVICE": "cpu", "ENV_NODES": "node-b"}
+    job = start_and_wait_for_a_step(command, env, tmp_path / "out-0")
+    job.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@300: to the batch shell
+    assert job.wait(timeout=600) == 0, (tmp_path / "out-0").read_text()[-4000:]
     logs = tmp_path / "logs"
     first = (logs / "driver.log").read_text()
     assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"
@@ -170,6 +182,20 @@ def test_usr1_checkpoints_requeues_and_the_same_command_resumes(slurm_env, tmp_p
     result = launch(slurm_env, str(run_dir / "checkpoints" / "actor"), str(hf), script="convert_to_hf.sh")
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((hf / "config.json").read_text())["model_type"] and list(hf.glob("*.safetensors"))
+
+
+def test_a_node_lost_during_training_ends_the_job_naming_it(slurm_env, tmp_path):
+    env = slurm_env | {"AGM_DEVICE": "cpu"}
+    job = start_and_wait_for_a_step(tiny_training(tmp_path, steps=50), env, tmp_path / "out")
+    node_b = subprocess.run(["pgrep", "-f", f"ray start --block .*--address=.*:{env['GCS_PORT']}"],
+                            capture_output=True, text=True).stdout.split()
+    assert len(node_b) == 1
+    os.kill(int(node_b[0]), signal.SIGTERM)  # Ray on node-b stops, as when the node goes
+    assert job.wait(timeout=300) == 1
+    out = (tmp_path / "out").read_text()
+    assert "the Ray step on node node-b ended" in out and "cannot go on without that node: job ended" in out
+    steps = [m["step"] for m in read_metrics(tmp_path / "run")]
+    assert 1 <= len(steps) < 50
 
 
 def test_env_server_fleet_serves_with_a_secret_and_restarts_a_server_that_dies(slurm_env, tmp_path):
