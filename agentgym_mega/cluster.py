@@ -150,11 +150,16 @@ class Placement:
         return cfg.env.num_servers if with_env and not cfg.env.server_urls else 0
 
     @staticmethod
+    def device_bundles(cfg) -> int:
+        """GPUs a run occupies (logical CPUs without GPUs): a bundle per trainer rank, plus one per
+        engine worker with split placement."""
+        split = cfg.cluster.placement == "split"
+        return cfg.parallel.world_size + (cfg.rollout.num_engines * cfg.rollout.engine_tp if split else 0)
+
+    @staticmethod
     def cpus_needed(cfg, with_env: bool = True) -> int:
         """Logical CPUs that the bundles of a run on a cluster without GPUs reserve."""
-        split = cfg.cluster.placement == "split"
-        engines = cfg.rollout.num_engines * cfg.rollout.engine_tp if split else 0
-        return cfg.parallel.world_size + engines + Placement.env_server_count(cfg, with_env)
+        return Placement.device_bundles(cfg) + Placement.env_server_count(cfg, with_env)
 
     def _options(self, group, bundle: int, amount: float, **extra) -> dict:
         """`amount` of the bundle's device (GPU, or CPU in a cluster without GPUs)."""
@@ -185,6 +190,12 @@ class Placement:
     def engine_worker_nodes(self) -> list[str]:
         """The node id of every worker of every engine of the run (one per bundle)."""
         return [self.engine_nodes[b] for b in self.engine_order[:self.num_engines * self.engine_tp]]
+
+    def nodes(self) -> dict[str, int]:
+        """How many distinct nodes the run's trainer ranks, engine workers and env servers use."""
+        used = {"trainer": set(self.trainer_nodes), "engines": set(self.engine_worker_nodes()),
+                "env_servers": set(self._bundle_nodes(self.env_group)) if self.env_group else set()}
+        return {"all": len(set().union(*used.values()))} | {k: len(v) for k, v in used.items()}
 
     def env_server(self, index: int) -> dict:
         return self._options(self.env_group, index, 1.0) | {"num_cpus": 1, "num_gpus": 0}

@@ -121,6 +121,9 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
         stack.trainers_release()  # the engines generate first
         stack.engines_wake()
         sampler = TaskSampler(stack.tasks, cfg.trainer.seed, position)
+        nodes = stack.placement.nodes()
+        tqdm.write(f"placement: {nodes['all']} node(s): trainer ranks on {nodes['trainer']}, engine workers on "
+                   f"{nodes['engines']}, env servers on {nodes['env_servers']}")
         logger = MetricsLogger(cfg.trainer.output_dir, cfg.logging)
         evaluate = _evaluator(stack, cfg)
         if evaluate and cfg.eval.at_start and start == 1:
@@ -157,6 +160,7 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
             metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | stack.rollout.timings
                        | sync_metrics(synced) | {"sync/engines_dropped": stack.dropped_engines}
                        | {"horizon/turn_cap": turn_cap, "perf/tokens_per_s": tokens / sum(timer.seconds.values()),
+                          "perf/tokens": tokens, "cluster/nodes": nodes["all"],
                           "rollout/logprob_diff": _logprob_gap(batch)} | _ref_kl(batch, cfg))
             if evaluate and cfg.eval.freq and (step % cfg.eval.freq == 0 or step == cfg.trainer.total_steps):
                 metrics |= _evaluated(evaluate, step)

@@ -53,7 +53,7 @@ def test_two_steps_then_resume(tmp_path):
     assert second["rollout/logprob_diff"] <= 1e-4
     # the sync's own figures are logged: the whole model moved, in at least one bucket
     assert second["sync/bytes"] > 0 and second["sync/buckets"] >= 1 and second["sync/gbps"] > 0
-    for key in ("time/generate_s", "time/env_s", "time/train_s", "time/sync_s", "perf/tokens_per_s",
+    for key in ("time/generate_s", "time/env_s", "time/train_s", "time/sync_s", "perf/tokens_per_s", "perf/tokens",
                 "actor/entropy", "actor/clip_fraction", "episode/truncated", "episode/env_errors"):
         assert key in second
     assert os.listdir(run_dir / "tensorboard")
