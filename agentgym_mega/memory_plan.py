@@ -240,6 +240,15 @@ def total_params(a: Arch) -> int:
     return a.layers * sum(layer_params(a, 1)) + embeddings + a.hidden
 
 
+def forward_flops_per_token(a: Arch, context: float) -> float:
+    """FLOPs of one token's forward pass at ``context`` earlier tokens: 2 per weight of every
+    matrix it multiplies (Q/K/V, attention output, MLP, the LM head; not the embedding lookup or
+    the norms), plus the attention scores and their weighted sum over the context (2 x 2 x context
+    x query width per layer). The backward pass costs twice the forward."""
+    matrices = sum(layer_params(a, 1)) - 2 * a.hidden - ((a.heads + 2 * a.kv_heads) * a.head_dim if a.qkv_bias else 0)
+    return 2 * (a.layers * matrices + a.vocab * a.hidden) + 4 * a.layers * context * a.q_width
+
+
 def buffer_numel(buckets: list[list[int]], dp: int) -> int:
     """Elements of megatron's param/grad buffer for these buckets (distributed optimizer padding)."""
     align = math.lcm(dp, BUCKET_ALIGN)

@@ -7,6 +7,17 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# A tiny TextCraft training on CPU with one trainer rank and one engine (add model.path, the
+# steps and the output directory): what the launch and scaling tests run end to end.
+TINY_TEXTCRAFT = [
+    "model.dtype=float32", "parallel.world_size=1", "parallel.tp=1", "parallel.sequence_parallel=false",
+    "parallel.recompute=none", "rollout.num_engines=1", "rollout.n_per_task=2", "rollout.max_tokens_per_turn=12",
+    "rollout.max_model_len=2048", "env.name=textcraft", "env.num_servers=1", "env.categories=[depth-1]",
+    "algorithm.kl_coef=0.0", "algorithm.entropy_coef=0.05", "trainer.batch_size=2", "trainer.mini_batch_size=1",
+    "trainer.lr=0.01", "logging.progress_bar=false",
+]
+
+
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Runs `agentgym-mega ARGS` as a user would, in a fresh process."""
     return subprocess.run(

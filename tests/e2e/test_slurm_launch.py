@@ -1,7 +1,8 @@
-"""The Slurm scripts without Slurm: stand-in `srun` (runs the step's command here) and `scontrol`
-(lists node names, records requeues) on PATH, so the scripts' own Ray bring-up (a head and
-nodes joining it, all on this machine), waits, training, signals, requeue, resume and teardown
-really run. sbatch's directives and separate machines are left to a real cluster."""
+"""The Slurm scripts without Slurm: stand-in `srun` (runs the step's command here), `scontrol`
+(lists node names, records requeues) and `sbatch --wait` (runs the batch script here) on PATH,
+so the scripts' own Ray bring-up (a head and nodes joining it, all on this machine), waits,
+training, signals, requeue, resume and teardown really run. sbatch's directives and separate
+machines are left to a real cluster."""
 
 import json
 import os
@@ -18,7 +19,7 @@ import urllib.request
 import pytest
 
 from agentgym_mega.network import free_port
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, TINY_TEXTCRAFT, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +40,17 @@ case $1 in
     requeue) echo "requeue $2" >> "$SCONTROL_LOG" ;;
 esac
 """
+SBATCH = """#!/bin/bash
+# sbatch --wait stand-in: runs the batch script here, now, as job 4300+ on nodes node-1..node-N.
+nodes=1 output=slurm-%j.out
+while [[ $# -gt 0 && $1 == -* ]]; do
+    case $1 in --nodes=*) nodes=${1#*=} ;; --output=*) output=${1#*=} ;; esac
+    shift
+done
+job=$((4300 + RANDOM % 100))
+echo "Submitted batch job $job"
+SLURM_JOB_ID=$job SLURM_JOB_NODELIST=$(seq -f node-%g -s, "$nodes") bash "$@" > "${output//%j/$job}" 2>&1
+"""
 NODE_PORTS = ("NODE_MANAGER_PORT", "OBJECT_MANAGER_PORT", "RUNTIME_ENV_AGENT_PORT", "DASHBOARD_AGENT_GRPC_PORT",
               "DASHBOARD_AGENT_LISTEN_PORT", "METRICS_EXPORT_PORT")
 
@@ -50,7 +62,7 @@ def slurm_env(tmp_path):
     Several "nodes" share this host: their own ports are left to Ray (0)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, body in (("srun", SRUN), ("scontrol", SCONTROL)):
+    for name, body in (("srun", SRUN), ("scontrol", SCONTROL), ("sbatch", SBATCH)):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     ray_dir = tempfile.mkdtemp(prefix="agm-ray-", dir="/tmp")
@@ -122,14 +134,9 @@ def tiny_training(tmp_path, steps: int) -> list[str]:
     model = tmp_path / "tiny"
     assert run_cli("make-tiny-model", "--out", str(model), "--kv-heads", "2").returncode == 0
     overrides = [
-        f"model.path={model}", "model.dtype=float32", "parallel.world_size=1", "parallel.tp=1",
-        "parallel.sequence_parallel=false", "parallel.recompute=none",
-        "rollout.num_engines=1", "rollout.n_per_task=2", "rollout.max_tokens_per_turn=12", "rollout.max_model_len=2048",
-        "env.name=textcraft", "env.num_servers=1", "env.categories=[depth-1]",
-        "algorithm.kl_coef=0.0", "algorithm.entropy_coef=0.05",
+        f"model.path={model}", *TINY_TEXTCRAFT,
         "horizon.schedule=scaling_inter", "horizon.caps=[1,2,3]", "horizon.interval=1",
-        f"trainer.total_steps={steps}", "trainer.batch_size=2", "trainer.mini_batch_size=1", "trainer.lr=0.01",
-        f"trainer.output_dir={tmp_path / 'run'}", "logging.progress_bar=false",
+        f"trainer.total_steps={steps}", f"trainer.output_dir={tmp_path / 'run'}",
     ]
     return ["bash", os.path.join(SLURM, "train_scalinginter.sh"), os.path.join("configs", "base.yaml"), *overrides]
 
@@ -247,3 +254,26 @@ def test_env_server_fleet_serves_with_a_secret_and_restarts_a_server_that_dies(s
 def port_taken(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_scaling_sweep_on_slurm_runs_a_job_per_point_with_its_node_count(slurm_env, tmp_path):
+    """`scaling --launcher slurm`: the point's job is the launch script on --nodes=2 (a head and a
+    node joining it), training its steps; the sweep reports it from the job's metrics."""
+    model = tmp_path / "tiny"
+    assert run_cli("make-tiny-model", "--out", str(model), "--kv-heads", "2").returncode == 0
+    out = tmp_path / "sweep"
+    env = slurm_env | {"AGM_DEVICE": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-m", "agentgym_mega.cli", "scaling", "--config", os.path.join("configs", "base.yaml"),
+         "--sweep", "nodes=2", "--steps", "2", "--out", str(out), "--launcher", "slurm",
+         "--sbatch-arg=--partition=cpu", f"model.path={model}", *TINY_TEXTCRAFT],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    job_log = "".join(p.read_text() for p in (out / "point-1").glob("slurm-*.out"))
+    assert result.returncode == 0, result.stderr[-3000:] + job_log[-4000:]
+    assert "Submitted batch job 43" in (out / "point-1" / "launch.log").read_text()
+    assert re.search(r"Ray cluster up at \S+: 2 node\(s\)", job_log)
+    assert "--resume auto" in job_log and not (tmp_path / "scontrol.log").exists()  # nothing requeued
+    point = json.loads((out / "scaling.json").read_text())["points"][0]
+    assert point["exit"] == 0 and point["steps"] == 1 and point["tokens_per_s"] > 0
+    assert point["efficiency"] == 1.0 and (out / "scaling.png").is_file()
+    assert [m["step"] for m in read_metrics(out / "point-1")] == [1, 2]

@@ -7,7 +7,7 @@ from agentgym_mega.cli import build_parser
 from tests.conftest import run_cli
 
 SUBCOMMANDS = ["config", "make-tiny-model", "pretrain-tiny", "doctor", "env-server", "bench", "train", "eval",
-               "plan"]
+               "plan", "scaling"]
 
 
 def test_top_level_help_lists_every_subcommand():
@@ -48,6 +48,8 @@ def test_parser_registers_exactly_the_documented_subcommands():
     (["pretrain-tiny", "--out", "x", "--episodes", "0"], "not an integer >= 1"),
     (["pretrain-tiny", "--out", "x", "--categories", "GoToRedBall,NoSuchLevel"], "unknown ['NoSuchLevel']"),
     (["pretrain-tiny", "--out", "x", "--hidden", "96"], "multiple of 32"),
+    (["scaling", "--project", "--mfu", "0"], "not a number > 0"),
+    (["scaling", "--launcher", "ssh"], "invalid choice"),
 ])
 def test_bad_arguments_exit_2(args, message):
     result = run_cli(*args)
