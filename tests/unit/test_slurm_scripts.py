@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REPO
 
-SCRIPTS = sorted(glob.glob(os.path.join(REPO, "slurm", "*.sh")))
+SCRIPTS = sorted(glob.glob(os.path.join(REPO, "slurm", "**", "*.sh"), recursive=True))
 SHELLCHECK = shutil.which("shellcheck", path=os.path.dirname(sys.executable)) or shutil.which("shellcheck")
 
 
@@ -24,7 +24,7 @@ def common(snippet: str, **env) -> subprocess.CompletedProcess:
 
 def test_there_are_the_scripts_the_manual_names():
     names = {os.path.basename(s) for s in SCRIPTS}
-    assert {"common.sh", "train_scalinginter.sh", "env_servers.sh", "convert_to_hf.sh"} <= names
+    assert {"common.sh", "train_scalinginter.sh", "env_servers.sh", "convert_to_hf.sh", "install.sh"} <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=os.path.basename)
