@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed-$(shell cat setup.py Makefile | sha1sum | cut -c1-
 BROKEN  := torchvision torchaudio torchcodec triton
 PYTEST_ARGS ?=
 
-.PHONY: install demo test clean
+.PHONY: install demo test gpu-check clean
 
 install: $(STAMP)
 
@@ -38,6 +38,15 @@ runs/demo/base/config.json: | install
 test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# The first run on a GPU: tests/gpu end to end (a 2-step bf16 GRPO run with vLLM on CUDA, CUDA
+# IPC sync, sleep/wake, the TE layer spec, NCCL and TP=2 with 2 GPUs), then a pass/fail table.
+# GPU_PYTHON is the environment with the GPU stack (slurm/container/: python3 in the image).
+GPU_PYTHON ?= python3
+
+gpu-check:
+	@$(GPU_PYTHON) -c "import sys, torch; torch.cuda.is_available() or sys.exit('gpu-check: ' + sys.executable + ' sees no CUDA device (torch ' + torch.__version__ + '); give GPU_PYTHON=<the GPU environment python>')"
+	$(GPU_PYTHON) -m pytest tests/gpu -p tests.gpu.check
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
