@@ -318,9 +318,9 @@ def _add_scaling(sub) -> None:
                    help="--project: memory of one GPU in decimal GB (default 80)")
     for cls in (assumptions.Hardware, assumptions.Workload):
         for field in dataclasses.fields(cls):
-            kind = int if field.name in ("episode_tokens", "generated_tokens", "turns") else float
+            counted = field.type.startswith("int")  # "int", "int | None" (postponed annotations)
             p.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, default=field.default,
-                           type=_COUNT if kind is int else _bounded(float, 0, "a number > 0"),
+                           type=_COUNT if counted else _bounded(float, 0, "a number > 0"),
                            help=f"--project: {field.metadata['help']} (default {field.default})")
     _json_option(p, "--project: also write the estimate as JSON here")
     _overrides_option(p)
@@ -329,6 +329,7 @@ def _add_scaling(sub) -> None:
 def _cmd_scaling(args) -> int:
     from tqdm import tqdm
 
+    from agentgym_mega.cluster import Placement
     from agentgym_mega.config import load_config
     from agentgym_mega.scaling import projection, report, sweep
 
@@ -362,7 +363,7 @@ def _cmd_scaling(args) -> int:
     for point in points:
         cfg = load_config(config, sweep.point_overrides(point, args.overrides, args.steps, out_dir))
         row = {"index": point.index, "label": point.label, "nodes": point.nodes,
-               "devices": sweep.Placement.device_bundles(cfg)} | outcomes.get(point.index, {})
+               "devices": Placement.device_bundles(cfg)} | outcomes.get(point.index, {})
         rows.append(row | report.summarize(point.run_dir(out_dir), args.warmup))
     result = report.build(rows)
     title = f"scaling: {name}, {args.steps} steps per point ({args.warmup} warm-up)"

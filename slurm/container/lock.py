@@ -33,13 +33,18 @@ HEADER = """\
 """
 
 
-def setup_lists() -> tuple[list[str], list[str]]:
-    """setup.py's INSTALL_REQUIRES and EXTRAS_REQUIRE["gpu"], read without running it."""
+def setup_requires() -> dict:
+    """setup.py's INSTALL_REQUIRES and EXTRAS_REQUIRE, read without running it."""
     with open(os.path.join(REPO, "setup.py")) as f:
         tree = ast.parse(f.read())
-    values = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
-              if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
-              and node.targets[0].id in ("INSTALL_REQUIRES", "EXTRAS_REQUIRE")}
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in ("INSTALL_REQUIRES", "EXTRAS_REQUIRE")}
+
+
+def setup_lists() -> tuple[list[str], list[str]]:
+    """setup.py's INSTALL_REQUIRES and its `gpu` extra."""
+    values = setup_requires()
     return values["INSTALL_REQUIRES"], values["EXTRAS_REQUIRE"]["gpu"]
 
 

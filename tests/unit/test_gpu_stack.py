@@ -20,11 +20,7 @@ spec.loader.exec_module(lock)
 
 
 def extras() -> dict[str, list[str]]:
-    import ast
-
-    tree = ast.parse(open(os.path.join(REPO, "setup.py")).read())
-    return next(ast.literal_eval(n.value) for n in tree.body
-                if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "EXTRAS_REQUIRE")
+    return lock.setup_requires()["EXTRAS_REQUIRE"]
 
 
 def test_the_lock_holds_every_pin_of_setup_py_at_one_version():
