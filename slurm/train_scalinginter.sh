@@ -180,18 +180,30 @@ agm_step "$head_node" agentgym-mega "$subcommand" "${args[@]}" "${overrides[@]}"
 "${AGM_STEP[@]}" &
 driver=$!  # srun passes USR1 on to the trainer, which stops after its step with a checkpoint
 
+node_lost() {
+    agm_die "agentgym-mega $subcommand cannot go on without that node: job ended"
+}
 # Watch the Ray steps while the driver runs: a node that dies ends the job, naming it.
 while kill -0 "$driver" 2> /dev/null; do
     if ! agm_check_steps; then
         kill -TERM "$driver" 2> /dev/null || true
         wait "$driver" || true
-        agm_die "agentgym-mega $subcommand cannot go on without that node: job ended"
+        node_lost
     fi
     sleep 5 &
     wait $! || true  # a signal ends the wait at once, not after the sleep
 done
 rc=0
 wait "$driver" || rc=$?
+# The driver can fail on a lost node before that node's step ends (a stopped raylet drains for up
+# to 30 s): when Ray counts fewer live nodes, wait for the step that ends to name its node.
+if [[ $rc != 0 && $rc != 75 ]] && ! agm_on_node "$head_node" python3 -c "$all_alive" > /dev/null 2>&1; then
+    for _ in $(seq "${NODE_LOSS_WAIT_S:-60}"); do
+        agm_check_steps || node_lost
+        sleep 1
+    done
+    agm_log "Ray lost a node, but every node's Ray step is still running"
+fi
 if [[ $rc == 75 && $requeue_on == 1 ]]; then
     requeue "the trainer stopped after a checkpoint (exit 75)"
 fi

@@ -7,6 +7,7 @@ machines are left to a real cluster."""
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -77,6 +78,7 @@ def slurm_env(tmp_path):
     left = subprocess.run(["pgrep", "-f", ray_dir], capture_output=True, text=True).stdout.split()
     for pid in left:
         os.kill(int(pid), signal.SIGKILL)
+    shutil.rmtree(ray_dir, ignore_errors=True)
     assert not left, f"Ray processes left running: {left}"
 
 
@@ -193,7 +195,8 @@ def test_usr1_checkpoints_requeues_and_the_same_command_resumes(slurm_env, tmp_p
 
 def test_a_node_lost_during_training_ends_the_job_naming_it(slurm_env, tmp_path):
     env = slurm_env | {"AGM_DEVICE": "cpu"}
-    job = start_and_wait_for_a_step(tiny_training(tmp_path, steps=50), env, tmp_path / "out")
+    # far more steps than a run can take before the loss ends it, whichever node its roles were on
+    job = start_and_wait_for_a_step(tiny_training(tmp_path, steps=1000), env, tmp_path / "out")
     node_b = subprocess.run(["pgrep", "-f", f"ray start --block .*--address=.*:{env['GCS_PORT']}"],
                             capture_output=True, text=True).stdout.split()
     assert len(node_b) == 1
@@ -202,7 +205,7 @@ def test_a_node_lost_during_training_ends_the_job_naming_it(slurm_env, tmp_path)
     out = (tmp_path / "out").read_text()
     assert "the Ray step on node node-b ended" in out and "cannot go on without that node: job ended" in out
     steps = [m["step"] for m in read_metrics(tmp_path / "run")]
-    assert 1 <= len(steps) < 50
+    assert 1 <= len(steps) < 1000
 
 
 def test_env_server_fleet_serves_with_a_secret_and_restarts_a_server_that_dies(slurm_env, tmp_path):
