@@ -20,8 +20,8 @@ def server_gone(url: str, timeout_s: float = 60.0) -> bool:
     while time.monotonic() < deadline:  # ray.kill returns before the process has exited
         try:
             requests.get(url + "/health", timeout=2)
-        except requests.ConnectionError:
-            return True
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError):
+            return True  # refused, or cut off mid-answer by the exit
         time.sleep(1)
     return False
 
