@@ -95,26 +95,35 @@ class Stack:
             self.env = EnvClient(urls, secret=secret)
             self.catalogue = self.env.tasks()
             self.tasks = select_tasks(self.catalogue, cfg.env.split, cfg.env.task_ids, cfg.env.categories)
-        self.tokenizer = AutoTokenizer.from_pretrained(engine_model)
         for i in range(cfg.rollout.num_engines):
             self.engines.append(launch_remote(
                 engine_model, tp=cfg.rollout.engine_tp, dtype=cfg.rollout.dtype,
                 max_model_len=cfg.rollout.max_model_len, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                 seed=cfg.trainer.seed + i, options=self.placement.engine(i)))
+        self.tokenizer = AutoTokenizer.from_pretrained(engine_model)
+        if env:
+            self.rollout = RolloutManager.from_config(cfg, self.engines, self.env, self.tokenizer)
+        # Engines and trainer roles load at once, unless they share GPUs (vLLM sizes its KV cache
+        # from the device memory it sees free while it starts) or offload orders them.
+        together = not (self.offload or gpus and self.placement.colocated)
+        if trainers and together:
+            self._start_trainer_roles()
         ray.get([e.health.remote() for e in self.engines])  # started before the first step's clock
         if trainers and self.offload:
             # The trainer roles load their weights (and a resume its Adam state) on the GPUs the
             # engines share: the engines sleep meanwhile; trainer.train wakes them.
             self.engines_sleep()
-        if env:
-            self.rollout = RolloutManager.from_config(cfg, self.engines, self.env, self.tokenizer)
-        if trainers:
-            run_roles = roles(cfg)
-            self.actor = PolicyGroup(cfg, cfg.model.path, placement=self.placement)
-            if "ref" in run_roles:
-                self.ref = PolicyGroup(cfg, cfg.model.path, trainable=False, placement=self.placement)
-            if "critic" in run_roles:
-                self.critic = CriticGroup(cfg, cfg.model.critic_path or cfg.model.path, self.placement)
+        if trainers and not together:
+            self._start_trainer_roles()
+
+    def _start_trainer_roles(self) -> None:
+        cfg = self.cfg
+        run_roles = roles(cfg)
+        self.actor = PolicyGroup(cfg, cfg.model.path, placement=self.placement)
+        if "ref" in run_roles:
+            self.ref = PolicyGroup(cfg, cfg.model.path, trainable=False, placement=self.placement)
+        if "critic" in run_roles:
+            self.critic = CriticGroup(cfg, cfg.model.critic_path or cfg.model.path, self.placement)
 
     def _init_ray(self, env: bool) -> None:
         if ray.is_initialized():
