@@ -1,6 +1,6 @@
 """Every estimator through the real loop: `agentgym-mega train` on BabyAI (a tiny pretrained base
 that succeeds often enough for rewards to differ), a vLLM engine and megatron-core at TP=2, two
-steps each, then a resume from the step-1 checkpoint that must repeat step 2 exactly.
+steps each, then (gae and grpo) a resume from the step-1 checkpoint that must repeat step 2 exactly.
 
 What must hold for each: the reference policy equals the actor at step 1 (KL exactly 0), the
 losses are finite, the engine samples what the trainer scores (`rollout/logprob_diff` below
@@ -30,6 +30,10 @@ ESTIMATORS = {
     "reinforce_pp": ["algorithm.estimator=reinforce_pp", "algorithm.kl_coef=0.001", "algorithm.kl_in=reward"],
     "rloo": ["algorithm.estimator=rloo", "algorithm.kl_coef=0.0"],
 }
+
+# What a resume restores differs by role, not by estimator: gae has the actor, the reference and
+# the critic, grpo the actor and the reference; the other two would repeat grpo's check.
+RESUMED = ("gae", "grpo")
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +84,8 @@ def test_estimator_trains_and_resumes_exactly(base, tmp_path, estimator):
             assert step["critic/loss_last_epoch"] < step["critic/loss_first_epoch"]
         assert {p.name for p in _checkpoint_roots(run_dir)} == {"actor", "critic"}
 
+    if estimator not in RESUMED:
+        return
     # Interrupted after step 1: a new run directory holding only the step-1 checkpoints resumes.
     resumed_dir = tmp_path / "resumed"
     for root in _checkpoint_roots(run_dir):
