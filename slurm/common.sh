@@ -160,15 +160,20 @@ agm_check_steps() {
     done
 }
 
-# Ends the watched steps (a blocking `ray start` stops Ray on its node when its step ends).
-agm_stop_steps() {
+# Ends background steps by pid: all are signalled first, then each is waited for.
+agm_end_steps() {
     local pid
-    for pid in "${AGM_STEPS[@]}"; do
+    for pid in "$@"; do
         kill "$pid" 2> /dev/null || true
     done
-    for pid in "${AGM_STEPS[@]}"; do
+    for pid in "$@"; do
         wait "$pid" 2> /dev/null || true
     done
+}
+
+# Ends the watched steps (a blocking `ray start` stops Ray on its node when its step ends).
+agm_stop_steps() {
+    agm_end_steps "${AGM_STEPS[@]}"
     AGM_STEPS=()
     AGM_STEP_NODES=()
 }

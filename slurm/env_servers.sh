@@ -48,13 +48,7 @@ start_server() {
     server_pid[i]=$!
 }
 stop_servers() {
-    local pid
-    for pid in "${server_pid[@]}"; do
-        kill "$pid" 2> /dev/null || true
-    done
-    for pid in "${server_pid[@]}"; do
-        wait "$pid" 2> /dev/null || true
-    done
+    agm_end_steps "${server_pid[@]}"
 }
 trap stop_servers EXIT
 trap 'exit 143' TERM INT
