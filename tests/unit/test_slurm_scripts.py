@@ -1,6 +1,7 @@
 """The Slurm scripts without a cluster: every script parses and passes shellcheck, and the
 shared functions of slurm/common.sh (GPUs per node from what Slurm exports, Ray's port flags, a
-step's srun and container command line) are run by bash itself on made-up Slurm variables."""
+step's srun and container command line) are run by bash itself on made-up Slurm variables, and
+the launch script's ending after a failed trainer runs against stand-in commands."""
 
 import glob
 import os
@@ -111,3 +112,40 @@ def test_the_step_really_runs_with_the_raised_limit(tmp_path):
                             capture_output=True, text=True, timeout=30,
                             env={"PATH": f"{tmp_path}:{os.environ['PATH']}", "NOFILE_LIMIT": "4096"})
     assert result.stdout.strip() == want, result.stderr
+
+
+# Stand-ins for a whole launch in seconds: `srun` runs the step here and tells it its node;
+# `ray start` blocks (node-b's ends 3 s after the trainer failed, when NODE_B_ENDS=1); the trainer
+# fails at once; Ray's live-node check fails once the trainer has failed when NODE_B_ENDS=1.
+STAND_INS = {
+    "srun": 'node=\nwhile [[ $1 == -* ]]; do case $1 in -w) node=$2; shift 2 ;; *) shift ;; esac; done\n'
+            'STEP_NODE=$node exec "$@"\n',
+    "scontrol": '[[ $1 == show ]] && tr "," "\\n" <<< "$3"\n',
+    "ray": 'if [[ $STEP_NODE == node-b && $NODE_B_ENDS == 1 ]]; then\n'
+           '    until [[ -e $MARK ]]; do sleep 0.2; done; sleep 3; exit 1\nfi\nexec sleep 600\n',
+    "agentgym-mega": '[[ $1 == config ]] && exit 0\ntouch "$MARK"; exit 1\n',
+    "python3": 'if [[ $1 == -c && $2 == *ray.nodes* ]]; then\n'
+               '    [[ ! -e $MARK || $NODE_B_ENDS != 1 ]]; exit\nfi\n'
+               f'exec {sys.executable} "$@"\n',
+}
+
+
+@pytest.mark.parametrize("node_b_ends", [True, False], ids=["node-lost", "trainer-error"])
+def test_a_trainer_failing_before_the_lost_nodes_step_ends_still_names_the_node(tmp_path, node_b_ends):
+    """The trainer's actors die with a node while that node's Ray step still drains: the job
+    waits for the step and names the node. A trainer that fails with every node alive ends the
+    job at once, with its own exit code."""
+    for name, body in STAND_INS.items():
+        (tmp_path / name).write_text("#!/bin/bash\n" + body)
+        (tmp_path / name).chmod(0o755)
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node-a,node-b",
+           "AGM_DEVICE": "cpu", "SLURM_CPUS_PER_TASK": "2", "GCS_PORT": "6399", "RAY_AUTH_TOKEN": "x" * 64,
+           "RAY_TMPDIR": str(tmp_path / "ray"), "LOG_DIR": str(tmp_path / "logs"), "MARK": str(tmp_path / "failed"),
+           "NODE_B_ENDS": "1" if node_b_ends else "0", "REQUEUE": "0"}
+    result = subprocess.run(["bash", "slurm/train_scalinginter.sh", "configs/base.yaml"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lost = "the Ray step on node node-b ended (exit 1)" in result.stderr
+    named = "agentgym-mega train cannot go on without that node: job ended" in result.stderr
+    assert (lost, named) == (node_b_ends, node_b_ends), result.stderr
+    assert node_b_ends or "agentgym-mega train exited 1" in result.stdout
