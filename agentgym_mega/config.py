@@ -14,12 +14,13 @@ import dataclasses
 import os
 import typing
 import warnings
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import ConfigDict, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
+import envs
 from agentgym_mega.errors import BadInput
 from envs import KINDS
 
@@ -132,8 +133,15 @@ class EnvConfig:
     # Opens every episode's first user turn; null = the environment's own (envs/<name>/instruction.txt),
     # "" = none (a model trained without one, like the CPU demo's tiny base policy).
     instruction: Optional[StrictStr] = None
+    # The environment kind's own settings (Deep Search: data_dir, retriever_url, index_dir, corpus,
+    # mode, topk, ...; see envs/<name>/options.py), for the servers the trainer starts.
+    options: dict[StrictStr, Any] = _default(dict)
 
     def __post_init__(self):
+        try:
+            envs.check_options(self.name, self.options)
+        except ValueError as exc:
+            raise ValueError(f"env.options: {exc}") from None
         _require(self.categories is None or bool(self.categories), "env.categories", self.categories,
                  "a non-empty list of category names, or null")
         _require(

@@ -31,7 +31,8 @@ def env_servers(cfg, options=None) -> tuple[list, list[str], str | None]:
     if cfg.env.server_urls:
         return [], list(cfg.env.server_urls), os.environ.get(SECRET_ENV) or None
     secret = secrets.token_urlsafe(32)
-    actors, urls = start_servers(cfg.env.name, cfg.env.num_servers, options=options, secret=secret)
+    actors, urls = start_servers(cfg.env.name, cfg.env.num_servers, options=options, secret=secret,
+                                 env_options=cfg.env.options)
     return actors, urls, secret
 
 

@@ -12,12 +12,17 @@ Every reset and step answer keeps AgentGym's fields (`observation`, `reward`, `d
 - `success`: what the environment means by success. TextCraft: the goal is crafted. BabyAI: the
   episode ended with a positive reward (minigrid's success). SciWorld: the score reached 100, or
   ScienceWorld flags the task completed (a failed task is never completed); a partial score is
-  not success.
+  not success. Deep Search: 1.0 once an answer matches a golden answer (exact match after SQuAD
+  normalisation), else 0; success means that match.
 
 `instruction(name)` is the text that opens an episode for the model: the reply format and the
 environment's commands and rules, read from `envs/<name>/instruction.txt` without importing the
 environment (no minigrid, no JVM in the trainer). `eval_max_turns(name)` is the turn limit the
 AgentGym-RL paper evaluates the environment with.
+
+A kind that takes options (Deep Search: its question files and its retriever) has a light
+`envs/<name>/options.py` with `check(options) -> dataclass`; `check_options` validates a run's
+`env.options` with it before any server starts, and `load_kind(name, options)` hands them on.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ from __future__ import annotations
 import importlib
 import os
 
-KINDS = ("textcraft", "babyai", "sciworld")
+KINDS = ("textcraft", "babyai", "sciworld", "deepsearch")
 # The AgentGym-RL paper's evaluation turn limits.
-EVAL_MAX_TURNS = {"babyai": 20, "textcraft": 30, "sciworld": 30}
+EVAL_MAX_TURNS = {"babyai": 20, "textcraft": 30, "sciworld": 30, "deepsearch": 30}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -36,10 +41,23 @@ def _check_name(name: str) -> None:
         raise ValueError(f"unknown environment {name!r}; allowed: {', '.join(KINDS)}")
 
 
-def load_kind(name: str):
-    """Returns the environment's `Kind` (its factory, catalogue and batching policy)."""
+def load_kind(name: str, options: dict | None = None):
+    """Returns the environment's `Kind` (its factory, catalogue and batching policy), configured
+    with `options` for a kind that takes them. Raises ValueError for options it does not take."""
+    checked = check_options(name, options)
+    module = importlib.import_module(f"envs.{name}")
+    return module.KIND if checked is None else module.configure(checked)
+
+
+def check_options(name: str, options: dict | None):
+    """`options` validated by the kind's own schema (None for a kind that takes none), without
+    importing the environment; raises ValueError naming an unknown or bad option."""
     _check_name(name)
-    return importlib.import_module(f"envs.{name}").KIND
+    if not os.path.exists(os.path.join(_HERE, name, "options.py")):
+        if options:
+            raise ValueError(f"environment {name!r} takes no options; given {sorted(options)}")
+        return None
+    return importlib.import_module(f"envs.{name}.options").check(options or {})
 
 
 def instruction(name: str) -> str:

@@ -52,39 +52,6 @@ class Task:
     split: str = ""
 
 
-@dataclasses.dataclass(frozen=True)
-class Kind:
-    """An environment kind as the server hosts it.
-
-    `index_range`: the valid data_idx values in words, for error messages.
-    `batch_threads`: how many instances of one batched request run at once. Pure-Python games
-    hold the GIL, so threads only add switching (1); JVM-backed ones wait on sockets (many).
-    `instance_bytes`: what one live instance adds to the server's memory, measured (the module of
-    each kind says how); the memory cap on instances divides by it.
-    `check_create`: validates the body of AgentGym's `POST /create` (raises InvalidCreate).
-    `starts_on_create`: the original server's /create with a body also started the episode
-    data_idx = id and answered its first observation (TextCraft).
-    """
-
-    name: str
-    make: Callable[[], Environment]
-    tasks: Callable[[], list[Task]]
-    index_range: str
-    instance_bytes: int
-    size: Callable[[], int | None] = lambda: None  # data_idx must be below it, when not None
-    batch_threads: int = 1
-    check_create: Callable[[dict], None] = no_create_fields
-    starts_on_create: bool = False
-
-    def check_data_idx(self, value) -> int:
-        """data_idx must be an int (bool is no index) in range; large ids keep each env's meaning."""
-        bad_type = isinstance(value, bool) or not isinstance(value, int)
-        size = None if bad_type else self.size()
-        if bad_type or value < 0 or (size is not None and value >= size):
-            raise InvalidTask(f"data_idx={value!r} is not allowed; allowed: {self.index_range}")
-        return value
-
-
 _ACTION = re.compile(r"Action\s*:", re.IGNORECASE)
 
 
@@ -97,3 +64,43 @@ def extract_action(text: str) -> str:
     if len(parts) > 1:
         text = parts[-1].strip().split("\n", 1)[0]
     return text.strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """An environment kind as the server hosts it.
+
+    `index_range`: the valid data_idx values in words, for error messages.
+    `batch_threads`: how many instances of one batched request run at once. Pure-Python games
+    hold the GIL, so threads only add switching (1); JVM-backed ones wait on sockets (many).
+    `instance_bytes`: what one live instance adds to the server's memory, measured (the module of
+    each kind says how); the memory cap on instances divides by it.
+    `check_create`: validates the body of AgentGym's `POST /create` (raises InvalidCreate).
+    `starts_on_create`: the original server's /create with a body also started the episode
+    data_idx = id and answered its first observation (TextCraft).
+    `parse_action`: the action in a step's text (default: what follows `Action:`); the identity
+    for a kind whose environment reads the whole reply (Deep Search's tags).
+    `env_idx_task`: the kind also serves AgentGym's env_idx dialect (Deep Search's client, WebArena's):
+    requests name the instance `env_idx`, a reset names its task by this field, and /create with
+    a body starts the episode of that task and answers the bare instance id.
+    """
+
+    name: str
+    make: Callable[[], Environment]
+    tasks: Callable[[], list[Task]]
+    index_range: str
+    instance_bytes: int
+    size: Callable[[], int | None] = lambda: None  # data_idx must be below it, when not None
+    batch_threads: int = 1
+    check_create: Callable[[dict], None] = no_create_fields
+    starts_on_create: bool = False
+    parse_action: Callable[[str], str] = extract_action
+    env_idx_task: str | None = None
+
+    def check_data_idx(self, value) -> int:
+        """data_idx must be an int (bool is no index) in range; large ids keep each env's meaning."""
+        bad_type = isinstance(value, bool) or not isinstance(value, int)
+        size = None if bad_type else self.size()
+        if bad_type or value < 0 or (size is not None and value >= size):
+            raise InvalidTask(f"data_idx={value!r} is not allowed; allowed: {self.index_range}")
+        return value

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 
 from envs import limits
-from envs.environment import InstanceFailed, InvalidCreate, InvalidTask, Kind, extract_action
+from envs.environment import InstanceFailed, InvalidCreate, InvalidTask, Kind
 
 log = logging.getLogger(__name__)
 
@@ -110,16 +110,22 @@ class InstancePool:
         self._sweeper.start()
 
     # -- lifecycle of instances -------------------------------------------------------------
-    def create(self, body: dict | None = None) -> dict:
+    def create(self, body: dict | None = None) -> dict | int:
         """A new instance: {"id"}. `body` is AgentGym's /create body, when one came: the kind checks
-        its fields, and a kind that starts on create (TextCraft) also answers the first reset of
-        data_idx = id, as the original server did."""
+        its fields; a kind that starts on create (TextCraft) also answers the first reset of
+        data_idx = id, as the original server did; one of the env_idx dialect starts the task
+        the body names and answers the bare id."""
         if body is not None:
             try:
                 self.kind.check_create(body)
-            except InvalidCreate as exc:
+                if self.kind.env_idx_task is not None:  # refused before an instance exists
+                    self.kind.check_data_idx(body.get(self.kind.env_idx_task, 0))
+            except (InvalidCreate, InvalidTask) as exc:
                 raise BadRequest(str(exc)) from None
         instance_id = self._new_instance()
+        if body is not None and self.kind.env_idx_task is not None:
+            self.reset(instance_id, body.get(self.kind.env_idx_task, 0))
+            return instance_id
         if body is not None and self.kind.starts_on_create:
             return {"id": instance_id, **self.reset(instance_id, instance_id)}
         return {"id": instance_id}
@@ -188,7 +194,7 @@ class InstancePool:
                 raise EpisodeState(f"instance {instance_id} has no episode yet: POST /reset first")
             if inst.done:
                 raise EpisodeState(f"the episode of instance {instance_id} is finished: POST /reset to start another")
-            result = self._guarded(inst, instance_id, lambda: inst.env.step(extract_action(action)))
+            result = self._guarded(inst, instance_id, lambda: inst.env.step(self.kind.parse_action(action)))
             inst.done = bool(result["done"])
             return result
 

@@ -3,9 +3,11 @@
 Original AgentGym clients work unchanged: `/create` (with or without a body; TextCraft's body
 `{"minecraft_dir", "commands", "goal"}` also starts the episode data_idx = id and answers its first
 observation, as the original did), `/reset`, `/step`, `/observation`, `/close` with the same bodies
-and fields. Errors are JSON `{"error": ...}` with a meaningful status (the original answered 200 or
-FastAPI's 422): 400 bad input, 401 no or a wrong secret, 404 unknown id, 409 episode state,
-413 too large, 500 a failed instance, 503 server full.
+and fields; for a kind with `env_idx_task` (Deep Search) also AgentGym's env_idx dialect, where
+/create with a body answers a bare id and later requests carry `env_idx`. Errors are JSON
+`{"error": ...}` with a meaningful status (the original answered 200 or FastAPI's 422): 400 bad
+input, 401 no or a wrong secret, 404 unknown id, 409 episode state, 413 too large, 500 a failed
+instance, 503 server full.
 
 Every reset and step answer (single or batched) carries `episode_score` (on [0, 1]) and
 `success` beside AgentGym's fields; `envs` defines them for each environment.
@@ -42,7 +44,7 @@ from envs.pool import BadRequest, InstancePool, PoolError, TooLarge, require_cou
 log = logging.getLogger(__name__)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused with 413 once it would pass `limit` bytes; never holds more than that."""
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -62,7 +64,7 @@ def _too_large(limit: int) -> str:
     return f"the request body is over the {limit}-byte limit (--max-body-bytes)"
 
 
-def _parse_object(raw: bytes) -> dict:
+def parse_object(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
     except ValueError:
@@ -72,7 +74,7 @@ def _parse_object(raw: bytes) -> dict:
     return body
 
 
-class _RequireSecret:
+class RequireSecret:
     """ASGI middleware: every request but `GET /health` must carry `Authorization: Bearer <secret>`.
     It answers 401 before any route runs, so a refused request reads no body and touches no
     instance."""
@@ -104,11 +106,11 @@ def build_app(pool: InstancePool, max_body_bytes: int = limits.MAX_BODY_BYTES, s
     app = FastAPI(title=f"agentgym-mega {pool.kind.name} server", lifespan=lifespan)
     app.state.pool, app.state.secured = pool, secret is not None
     if secret is not None:
-        app.add_middleware(_RequireSecret, secret=secret)
+        app.add_middleware(RequireSecret, secret=secret)
     proc = psutil.Process(os.getpid())
 
     async def json_body(request: Request) -> dict:
-        return _parse_object(await _read_body(request, max_body_bytes))
+        return parse_object(await read_body(request, max_body_bytes))
 
     # Endpoints return JSONResponse themselves: FastAPI's generic encoding of returned dicts costs
     # more than the environments' own steps on the batched path.
@@ -123,32 +125,41 @@ def build_app(pool: InstancePool, max_body_bytes: int = limits.MAX_BODY_BYTES, s
 
     @app.post("/create")
     async def create(request: Request):
-        raw = await _read_body(request, max_body_bytes)
-        body = _parse_object(raw) if raw.strip() not in (b"", b"null") else None
+        raw = await read_body(request, max_body_bytes)
+        body = parse_object(raw) if raw.strip() not in (b"", b"null") else None
         return JSONResponse(await run_in_threadpool(pool.create, body))
+
+    # AgentGym's env_idx dialect, where the kind serves it: the instance is `env_idx`, the task a
+    # field of the kind's (Deep Search's `id`); ours names the instance `id`, the task `data_idx`.
+    dialect = pool.kind.env_idx_task
+
+    def instance(body: dict):
+        return body["env_idx"] if dialect and "env_idx" in body else body.get("id")
 
     @app.post("/reset")
     async def reset(request: Request):
         body = await json_body(request)
-        return JSONResponse(await run_in_threadpool(pool.reset, body.get("id"), body.get("data_idx")))
+        task = body.get(dialect) if dialect and "env_idx" in body else body.get("data_idx")
+        return JSONResponse(await run_in_threadpool(pool.reset, instance(body), task))
 
     @app.post("/step")
     async def step(request: Request):
         body = await json_body(request)
-        return JSONResponse(await run_in_threadpool(pool.step, body.get("id"), body.get("action")))
+        return JSONResponse(await run_in_threadpool(pool.step, instance(body), body.get("action")))
 
     @app.get("/observation")
-    async def observation(id: str | None = None):  # noqa: A002 (the protocol's name)
+    async def observation(id: str | None = None, env_idx: str | None = None):  # noqa: A002 (the protocol's name)
+        given = env_idx if dialect and env_idx is not None else id
         try:
-            instance_id = int(id)
+            instance_id = int(given)
         except (TypeError, ValueError):
-            raise BadRequest(f"id={id!r} is not allowed; allowed: an integer id returned by /create") from None
+            raise BadRequest(f"id={given!r} is not allowed; allowed: an integer id returned by /create") from None
         return JSONResponse(await run_in_threadpool(pool.observation, instance_id))
 
     @app.post("/close")
     async def close(request: Request):
         body = await json_body(request)
-        return JSONResponse(await run_in_threadpool(pool.close, body.get("id")))
+        return JSONResponse(await run_in_threadpool(pool.close, instance(body)))
 
     @app.post("/batch")
     async def batch(request: Request):
@@ -194,6 +205,21 @@ def check_secret(secret: str, source: str) -> str:
     return secret
 
 
+def resolve_secret(secret: str | None, host: str, insecure: bool, exposes: str) -> str | None:
+    """The secret a server on `host` requires: `secret`, else $AGENTGYM_MEGA_SECRET when set and not
+    empty, else none, which only a loopback host (or `insecure`) allows. `exposes`: what anyone
+    reaching an open server could do, for the refusal's message."""
+    if secret is not None:
+        secret = check_secret(secret, "the secret parameter")
+    elif os.environ.get(limits.SECRET_ENV):  # set and empty: no secret
+        secret = check_secret(os.environ[limits.SECRET_ENV], f"${limits.SECRET_ENV}")
+    if secret is None and not insecure and not is_loopback(host):
+        raise ValueError(f"refusing to serve on {host} without a secret: anyone who reaches it could {exposes}; "
+                         f"give --secret-file (or ${limits.SECRET_ENV}), bind 127.0.0.1, or pass --insecure on a "
+                         "network you trust")
+    return secret
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -206,25 +232,19 @@ def is_loopback(host: str) -> bool:
 def make_server(env: str, host: str, port: int, max_instances: int | None = None, idle_timeout: float = 600.0, *,
                 secret: str | None = None, insecure: bool = False, memory_share: float | None = None,
                 max_body_bytes: int = limits.MAX_BODY_BYTES, max_batch_ops: int = limits.MAX_BATCH_OPS,
-                max_action_chars: int = limits.MAX_ACTION_CHARS) -> uvicorn.Server:
+                max_action_chars: int = limits.MAX_ACTION_CHARS, env_options: dict | None = None) -> uvicorn.Server:
     """A uvicorn server hosting one environment kind; `.run()` blocks, Ray actors run it in a thread.
 
     `secret` None: $AGENTGYM_MEGA_SECRET when set and not empty, else no authentication, which
     only a loopback `host` (or `insecure`) allows. `memory_share` None: $AGENTGYM_MEGA_MEMORY_SHARE when set, else
-    limits.MEMORY_SHARE. Raises ValueError, naming the setting, for a setting that is not allowed.
+    limits.MEMORY_SHARE. `env_options`: the kind's own options (`envs.check_options`). Raises
+ValueError, naming the setting, for a setting that is not allowed.
     """
-    if secret is not None:
-        secret = check_secret(secret, "the secret parameter")
-    elif os.environ.get(limits.SECRET_ENV):  # set and empty: no secret
-        secret = check_secret(os.environ[limits.SECRET_ENV], f"${limits.SECRET_ENV}")
-    if secret is None and not insecure and not is_loopback(host):
-        raise ValueError(f"refusing to serve on {host} without a secret: anyone who reaches it could drive "
-                         f"the server; give --secret-file (or ${limits.SECRET_ENV}), bind 127.0.0.1, "
-                         "or pass --insecure on a network you trust")
+    secret = resolve_secret(secret, host, insecure, "drive the server")
     if memory_share is None:
         memory_share = _share_from_env()
     require_count("max_body_bytes", max_body_bytes)
-    pool = InstancePool(load_kind(env), max_instances=max_instances, idle_timeout=idle_timeout,
+    pool = InstancePool(load_kind(env, env_options), max_instances=max_instances, idle_timeout=idle_timeout,
                         memory_share=memory_share, max_batch_ops=max_batch_ops, max_action_chars=max_action_chars)
     config = uvicorn.Config(build_app(pool, max_body_bytes, secret), host=host, port=port, log_level="warning",
                             access_log=False, timeout_keep_alive=60, backlog=4096)

@@ -188,9 +188,11 @@ def wait_healthy(url: str, timeout: float = 120.0) -> dict:
 
 
 def start_servers(env: str, num_servers: int, max_instances: int | None = None, idle_timeout: float = 600.0,
-                  num_cpus: float = 1, options=None, secret: str | None = None) -> tuple[list, list[str]]:
+                  num_cpus: float = 1, options=None, secret: str | None = None,
+                  env_options: dict | None = None) -> tuple[list, list[str]]:
     """Starts `num_servers` servers as Ray actors on CPU (num_gpus=0); returns (actors, urls).
-    `options(i)`, when given, are server i's Ray actor options (see cluster.Placement).
+    `options(i)`, when given, are server i's Ray actor options (see cluster.Placement);
+    `env_options`, the environment kind's own (`env.options`).
 
     `secret`: the servers require it as `Authorization: Bearer <secret>`; give EnvClient the same.
     On a multi-node Ray cluster the servers bind the node's address, so a secret is required there.
@@ -221,6 +223,6 @@ def start_servers(env: str, num_servers: int, max_instances: int | None = None, 
         runtime_env = dict(opts.get("runtime_env") or {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env_vars}
         opts["runtime_env"] = runtime_env
-        actors.append(ray.remote(**opts)(EnvServerActor).remote(env, max_instances, idle_timeout))
+        actors.append(ray.remote(**opts)(EnvServerActor).remote(env, max_instances, idle_timeout, env_options))
     urls = ray.get([a.url.remote() for a in actors])
     return actors, urls

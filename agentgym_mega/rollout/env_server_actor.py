@@ -12,11 +12,11 @@ START_TIMEOUT_S = 120.0
 
 
 class EnvServerActor:
-    def __init__(self, env: str, max_instances: int, idle_timeout: float):
+    def __init__(self, env: str, max_instances: int, idle_timeout: float, env_options: dict | None = None):
         # Loopback on one machine, the node's IP on a cluster; port 0: the OS picks a free port,
         # read back once uvicorn is listening.
         host = reachable_ip()
-        self._server = make_server(env, host, 0, max_instances, idle_timeout)
+        self._server = make_server(env, host, 0, max_instances, idle_timeout, env_options=env_options)
         self._thread = threading.Thread(target=self._server.run, name=f"{env}-server", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + START_TIMEOUT_S
