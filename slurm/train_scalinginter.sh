@@ -5,8 +5,8 @@
 #
 #   sbatch slurm/train_scalinginter.sh ENV|CONFIG.yaml [key=value ...]
 #
-# ENV picks configs/ENV_scalinginter.yaml (babyai, textcraft, sciworld); a YAML path is used as
-# is. The dotted overrides go to `agentgym-mega train` unchanged. Submit from the repository root
+# ENV picks configs/ENV_scalinginter.yaml (babyai, textcraft, sciworld, deepsearch); a YAML path is
+# used as is. The dotted overrides go to `agentgym-mega train` unchanged. Submit from the repository root
 # with the environment that has agentgym-mega and ray on PATH active (sbatch exports it), or set
 # CONTAINER_IMAGE. Size parallel.world_size (and rollout.num_engines * rollout.engine_tp with
 # cluster.placement=split) to nodes * GPUs per node; the directives below are an example.

@@ -27,6 +27,8 @@ ACTIONS = {
     "textcraft": ["inventory", "get 1 oak log", "craft 4 oak planks using 1 oak log"],
     "babyai": ["turn left", "move forward", "turn right", "check available actions"],
     "sciworld": ["look around", "inventory"],
+    "deepsearch": ["<search>who founded the company</search>", "<answer>not the answer</answer>",
+                   "<search>capital city of the country</search>"],
 }
 
 

@@ -130,3 +130,59 @@ def test_original_sciworld_client():
         step = client.step("Thought: Where am I?\nAction: look around")
         assert step["observation"].startswith("This room is called the") and step["done"] is False
         assert (step["reward"], step["score"]) == (0.0, 0.0)
+
+
+class OriginalSearchQAClient:
+    """AgentGym's searchqa client as its dialect goes on the wire: /create {"id": 0} answers a bare
+    integer; every later request carries it as env_idx (the task of a reset as `id`); the whole
+    model reply is the action; it reads observation, reward and done."""
+
+    def __init__(self, url: str):
+        self.url = url
+        resp = requests.post(f"{url}/create", json={"id": 0}, timeout=300)
+        assert resp.status_code == 200, resp.text
+        self.env_id = resp.json()
+
+    def _post(self, path: str, data: dict):
+        data["env_idx"] = self.env_id
+        resp = requests.post(f"{self.url}/{path}", json=data, timeout=300)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    def observe(self):
+        resp = requests.get(f"{self.url}/observation?env_idx={self.env_id}", timeout=300)
+        assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    def step(self, reply: str) -> dict:
+        out = self._post("step", {"action": reply})
+        return {k: out[k] for k in ("observation", "reward", "done")}
+
+    def reset(self, task: int):
+        return self._post("reset", {"id": task})
+
+    def close(self):
+        return self._post("close", {})
+
+
+def test_original_searchqa_client():
+    from envs.deepsearch import options, tasks
+
+    questions = tasks.load(options.DATA_DIR)
+    with running("deepsearch", "--max-instances", "4") as server:
+        client = OriginalSearchQAClient(server.url)
+        assert isinstance(client.env_id, int) and not isinstance(client.env_id, bool)
+        assert client.observe() == f"Question: {questions[0].question}"  # /create started task 0
+        client.reset(7)
+        assert client.observe() == f"Question: {questions[7].question}"
+        found = client.step(f"<think>Look it up.</think>\n<search>{questions[7].question}</search>")
+        assert found["observation"].startswith("<information>Doc 1(Title: ") and found["done"] is False
+        wrong = client.step("<think>A guess.</think>\n<answer>surely not this</answer>")
+        assert (wrong["reward"], wrong["done"]) == (0.0, False)
+        right = client.step(f"<think>Found it.</think>\n<answer>{questions[7].golden_answers[0]}</answer>")
+        assert (right["reward"], right["done"]) == (1.0, True)
+        assert client.close() is True
+        # Ours beside it on the same server: /create without a body answers {"id"}.
+        assert set(requests.post(f"{server.url}/create", timeout=60).json()) == {"id"}
+        nope = requests.post(f"{server.url}/create", json={"id": len(questions)}, timeout=60)
+        assert nope.status_code == 400 and "is not allowed" in nope.json()["error"]

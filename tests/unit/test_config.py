@@ -56,9 +56,11 @@ def test_shipped_configs_are_valid(path):
     assert isinstance(load_config(path), Config)
 
 
-def test_scaling_inter_config_has_the_paper_schedule():
-    cfg = load_config(os.path.join(REPO, "configs", "babyai_scalinginter.yaml"))
-    assert (cfg.horizon.schedule, cfg.horizon.caps, cfg.horizon.interval) == ("scaling_inter", [6, 13, 20], 100)
+@pytest.mark.parametrize("env,caps", [("babyai", [6, 13, 20]), ("deepsearch", [5, 8, 10])])
+def test_scaling_inter_config_has_the_paper_schedule(env, caps):
+    cfg = load_config(os.path.join(REPO, "configs", f"{env}_scalinginter.yaml"))
+    assert (cfg.env.name, cfg.horizon.schedule, cfg.horizon.caps, cfg.horizon.interval) == (
+        env, "scaling_inter", caps, 100)
 
 
 BAD = [

@@ -1,0 +1,36 @@
+"""Deep Search (search-augmented QA, AgentGym's `searchqa`): questions answered by searching a
+passage corpus through a retriever; see `env` for the episode and `options` for the settings.
+
+`configure(options)` loads the questions and opens the retriever once per server; every instance
+shares both and holds only its question and last observation: about 1 KiB each, measured as the
+RSS growth of 4,000 instances after a reset and a search each (counted as 16 KiB for the cap).
+Light on import: the trainer reads `options` through this package without loading either.
+
+AgentGym's searchqa client speaks a dialect of its own, served beside ours: `/create {"id"}`
+answers a bare integer (the episode of task `id` started), later requests carry `env_idx`
+(`/reset {"env_idx", "id": task}`), and the whole model reply is the action.
+"""
+
+from __future__ import annotations
+
+
+def configure(opts):
+    """The Kind for validated `options.Options`: the questions loaded, the retriever opened."""
+    from envs.deepsearch import retriever, tasks
+    from envs.deepsearch.env import DeepSearchEnv
+    from envs.environment import InvalidCreate, Kind, Task
+
+    questions = tasks.load(opts.data_dir)
+    search = retriever.open_retriever(opts)
+    catalogue = [Task(i, q.source, q.split) for i, q in enumerate(questions)]
+
+    def check_create(body: dict) -> None:
+        unknown = sorted(set(body) - {"id"})
+        if unknown:
+            raise InvalidCreate(f"/create fields {unknown} are not allowed; allowed: id (AgentGym's searchqa "
+                                "client: the task to start), or no body")
+
+    return Kind(name="deepsearch", make=lambda: DeepSearchEnv(questions, search, opts.topk, opts.max_query_chars),
+                tasks=lambda: catalogue, size=lambda: len(questions), instance_bytes=16 << 10,
+                index_range=f"an integer from 0 to {len(questions) - 1}", batch_threads=8,
+                check_create=check_create, parse_action=lambda reply: reply, env_idx_task="id")
