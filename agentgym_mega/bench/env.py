@@ -6,14 +6,19 @@ Each episode is create, reset, `steps` steps, close; an episode that finishes ea
 continues, so every run makes the same number of steps. The clock runs from the moment every
 episode is set up until every episode has made its steps (creation, with its JVM starts or level
 generation, is not stepping). The server runs as a separate process started through the real CLI,
-and its RSS is read before and after.
+and its RSS is read before and after. Deep Search runs as deployed: its server searches through a
+`retriever serve` of the shipped corpus, whose queries/s (batched and one per request) are
+reported beside the steps/s.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -126,15 +131,52 @@ def _rss(url: str) -> int:
     return requests.get(f"{url}/health", timeout=30).json()["rss_bytes"]
 
 
-def run(env: str, concurrencies: list[int], steps: int = 20) -> dict:
+@contextlib.contextmanager
+def _serving(command: list[str]):
+    """`agentgym-mega COMMAND --port P` running; yields its URL once healthy."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "agentgym_mega.cli", "env-server", "--env", env, "--port", str(port),
-         "--max-instances", str(2 * max(concurrencies) + 16)],
-    )
+    server = subprocess.Popen([sys.executable, "-m", "agentgym_mega.cli", *command, "--port", str(port)])
     try:
         wait_healthy(url)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+@contextlib.contextmanager
+def _shipped_retriever():
+    """Deep Search's deployed shape: the shipped corpus indexed, served by `retriever serve`."""
+    from envs.deepsearch.options import DATA_DIR
+    from envs.deepsearch.retriever import PASSAGES, build_index
+
+    with tempfile.TemporaryDirectory(prefix="bench-retriever-") as tmp:
+        build_index(os.path.join(DATA_DIR, PASSAGES), os.path.join(tmp, "index"), progress=False)
+        with _serving(["retriever", "serve", "--index", os.path.join(tmp, "index")]) as url:
+            yield url
+
+
+def _retriever_rates(url: str) -> dict:
+    """Queries/s of the retriever the env server searched through, on the shipped questions."""
+    from envs.deepsearch import tasks
+    from envs.deepsearch.options import DATA_DIR
+    from envs.deepsearch.retriever import bench_queries
+
+    rates = bench_queries(url, [q.question for q in tasks.load(DATA_DIR)], concurrency=16)
+    print(f"retriever: {rates['batched_qps']:.0f} queries/s batched ({rates['queries']} in one request), "
+          f"{rates['single_qps']:.0f} queries/s one per request from {rates['concurrency']} threads "
+          f"(p50 {rates['single_p50_ms']:.1f} ms, p99 {rates['single_p99_ms']:.1f} ms)", flush=True)
+    return {"url": "retriever serve over the shipped corpus (BM25)", **rates}
+
+
+def run(env: str, concurrencies: list[int], steps: int = 20) -> dict:
+    with contextlib.ExitStack() as stack:
+        server = ["env-server", "--env", env, "--max-instances", str(2 * max(concurrencies) + 16)]
+        retriever = stack.enter_context(_shipped_retriever()) if env == "deepsearch" else None
+        if retriever:
+            server += ["--option", f"retriever_url={retriever}"]
+        url = stack.enter_context(_serving(server))
         report = {"env": env, "steps_per_episode": steps, "server_rss_before_bytes": _rss(url), "results": []}
         for c in concurrencies:
             for measure in (_per_request, _batched):
@@ -144,9 +186,8 @@ def run(env: str, concurrencies: list[int], steps: int = 20) -> dict:
                       f"p50 {row['step_latency_p50_ms']:>8.2f} ms  p99 {row['step_latency_p99_ms']:>8.2f} ms  "
                       f"errors {row['errors']}", flush=True)
         report["server_rss_after_bytes"] = _rss(url)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+        if retriever:
+            report["retriever"] = _retriever_rates(retriever)
     speed = {(r["concurrency"], r["path"]): r["steps_per_s"] for r in report["results"]}
     report["batched_over_per_request"] = {
         str(c): round(speed[(c, "batched")] / speed[(c, "per_request")], 2) for c in concurrencies

@@ -18,3 +18,19 @@ def test_bench_env_writes_both_paths_and_rss(tmp_path):
         assert row["steps_per_s"] > 0 and 0 < row["step_latency_p50_ms"] <= row["step_latency_p99_ms"]
     assert report["server_rss_before_bytes"] > 0 and report["server_rss_after_bytes"] > 0
     assert set(report["batched_over_per_request"]) == {"1", "4"}
+
+
+def test_bench_env_deepsearch_reports_the_retrievers_rates_beside_the_steps(tmp_path):
+    from envs.deepsearch import options, tasks
+
+    out = tmp_path / "bench.json"
+    result = run_cli("bench", "env", "--env", "deepsearch", "--concurrency", "2", "--steps", "3",
+                     "--json", str(out), timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert [(r["path"], r["steps"], r["errors"]) for r in report["results"]] == [("per_request", 6, 0),
+                                                                                 ("batched", 6, 0)]
+    rates = report["retriever"]
+    assert rates["queries"] == len(tasks.load(options.DATA_DIR))
+    assert rates["batched_qps"] > 0 and rates["single_qps"] > 0
+    assert 0 < rates["single_p50_ms"] <= rates["single_p99_ms"]
