@@ -2,7 +2,9 @@
 passage corpus through a retriever; see `env` for the episode and `options` for the settings.
 
 `configure(options)` loads the questions and opens the retriever once per server; every instance
-shares both and holds only its question and last observation: about 1 KiB each, measured as the
+shares both and holds only its question and last observation. A batch's steps run on 64 threads,
+whose searches the retriever joins into one call per wave (`retriever.CoalescingRetriever`). An
+instance costs about 1 KiB each, measured as the
 RSS growth of 4,000 instances after a reset and a search each (counted as 16 KiB for the cap).
 Light on import: the trainer reads `options` through this package without loading either.
 
@@ -21,7 +23,7 @@ def configure(opts):
     from envs.environment import InvalidCreate, Kind, Task
 
     questions = tasks.load(opts.data_dir)
-    search = retriever.open_retriever(opts)
+    search = retriever.CoalescingRetriever(retriever.open_retriever(opts))
     catalogue = [Task(i, q.source, q.split) for i, q in enumerate(questions)]
 
     def check_create(body: dict) -> None:
@@ -32,5 +34,5 @@ def configure(opts):
 
     return Kind(name="deepsearch", make=lambda: DeepSearchEnv(questions, search, opts.topk, opts.max_query_chars),
                 tasks=lambda: catalogue, size=lambda: len(questions), instance_bytes=16 << 10,
-                index_range=f"an integer from 0 to {len(questions) - 1}", batch_threads=8,
+                index_range=f"an integer from 0 to {len(questions) - 1}", batch_threads=64,
                 check_create=check_create, parse_action=lambda reply: reply, env_idx_task="id")

@@ -334,8 +334,9 @@ class RemoteRetriever:
 
 def open_retriever(opts) -> LocalRetriever | RemoteRetriever:
     """The retriever Deep Search's options (`envs.deepsearch.options.Options`) name: a server at
-    `retriever_url` (sent $AGENTGYM_MEGA_SECRET when set, the job's shared secret), the index in
-    `index_dir`, or `corpus` (default: the data directory's corpus.jsonl) indexed with BM25 now."""
+    `retriever_url` (sent the secret of `retriever_secret_file`, else $AGENTGYM_MEGA_SECRET when
+    set), the index in `index_dir`, or `corpus` (default: the data directory's corpus.jsonl)
+    indexed with BM25 now."""
     if opts.retriever_url:
         return _checked_remote(opts)
     if opts.index_dir:
@@ -347,6 +348,65 @@ def open_retriever(opts) -> LocalRetriever | RemoteRetriever:
         build_index(opts.corpus or os.path.join(opts.data_dir, PASSAGES), os.path.join(tmp, "index"), progress=False)
         # Loaded memory-mapped and open, the files outlive their names: nothing stays on disk.
         return load_index(os.path.join(tmp, "index"), "bm25")
+
+
+class _Pending:
+    __slots__ = ("queries", "topk", "hits", "error", "ready", "lead")
+
+    def __init__(self, queries: list[str], topk: int):
+        self.queries, self.topk, self.hits, self.error = queries, topk, None, None
+        self.ready, self.lead = threading.Event(), False
+
+
+class CoalescingRetriever:
+    """Concurrent searches joined into one call of `inner`: while a call is out, the searches that
+    arrive wait, and the first of them then sends them all as the next call (one per `topk`). The
+    steps of a `/batch`, which a Deep Search server runs on many threads at once, so cost one
+    retriever call per wave instead of one each: a BM25 search of many queries costs about as much
+    as one, and a remote one is one round trip. A failed call fails each search it carried."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self._lock = threading.Lock()
+        self._waiting: list[_Pending] = []
+        self._busy = False  # a wave is being sent; arrivals wait for the next
+
+    def search(self, queries: list[str], topk: int) -> list[list[dict]]:
+        mine = _Pending(queries, topk)
+        with self._lock:
+            self._waiting.append(mine)
+            lead, self._busy = not self._busy, True
+        if not lead:
+            mine.ready.wait()
+        if lead or mine.lead:  # this thread sends the next wave, its own search among them
+            with self._lock:
+                wave, self._waiting = self._waiting, []
+            try:
+                self._send(wave)
+            finally:
+                with self._lock:
+                    if self._waiting:  # hand over: the oldest waiting search sends the next wave
+                        self._waiting[0].lead = True
+                        self._waiting[0].ready.set()
+                    else:
+                        self._busy = False
+        if mine.error is not None:
+            raise mine.error
+        return mine.hits
+
+    def _send(self, wave: list[_Pending]) -> None:
+        for topk in sorted({p.topk for p in wave}):
+            group = [p for p in wave if p.topk == topk]
+            try:
+                hits = self.inner.search([q for p in group for q in p.queries], topk)
+            except Exception as exc:  # each search of the call sees the failure, as if it were alone
+                for p in group:
+                    p.error = exc
+            else:
+                for p in group:
+                    p.hits, hits = hits[:len(p.queries)], hits[len(p.queries):]
+            for p in group:
+                p.ready.set()
 
 
 def _checked_remote(opts) -> RemoteRetriever:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -21,6 +22,7 @@ from agentgym_mega.network import free_port
 from agentgym_mega.rollout.env_client import wait_healthy
 from envs.deepsearch import options
 from envs.deepsearch.retriever import (
+    CoalescingRetriever,
     RemoteRetriever,
     RetrieverError,
     RetrieverInputError,
@@ -295,3 +297,61 @@ def test_remote_retriever_matches_the_index_and_names_an_unreachable_url(server,
     closed = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(RetrieverError, match=f"retriever {closed}/retrieve: cannot reach it"):
         RemoteRetriever(closed, timeout=5).search(["q"], 1)
+
+
+class _Gated:
+    """An inner retriever whose first call waits for the test: answers name each query and the call."""
+
+    def __init__(self, fail: bool = False):
+        self.calls, self.fail, self.gate = [], fail, threading.Event()
+
+    def search(self, queries, topk):
+        self.calls.append(list(queries))
+        if len(self.calls) == 1:
+            self.gate.wait(timeout=30)
+        if self.fail:
+            raise RetrieverError("retriever http://x/retrieve answered HTTP 500: down", 500)
+        return [[{"id": q, "contents": f"call {len(self.calls)}", "score": float(topk)}] for q in queries]
+
+
+def _wave(inner, n: int = 32):
+    """n searches at once while the first call is held: the other n - 1 queue for one wave."""
+    coalescing = CoalescingRetriever(inner)
+    results: dict[int, object] = {}
+
+    def search(i: int) -> None:
+        try:
+            results[i] = coalescing.search([f"q{i}"], 3)
+        except RetrieverError as exc:
+            results[i] = exc
+
+    first = threading.Thread(target=search, args=(0,))
+    first.start()
+    while not inner.calls:
+        time.sleep(0.001)
+    others = [threading.Thread(target=search, args=(i,)) for i in range(1, n)]
+    for t in others:
+        t.start()
+    while len(coalescing._waiting) < n - 1:
+        time.sleep(0.001)
+    inner.gate.set()
+    for t in [first, *others]:
+        t.join(timeout=30)
+    return coalescing, results
+
+
+def test_concurrent_searches_go_out_as_one_call_per_wave_and_each_gets_its_own_hits():
+    inner = _Gated()
+    _, results = _wave(inner)
+    assert inner.calls[0] == ["q0"] and sorted(inner.calls[1]) == sorted(f"q{i}" for i in range(1, 32))
+    assert len(inner.calls) == 2
+    assert results[0] == [[{"id": "q0", "contents": "call 1", "score": 3.0}]]
+    assert all(results[i] == [[{"id": f"q{i}", "contents": "call 2", "score": 3.0}]] for i in range(1, 32))
+
+
+def test_a_failed_call_fails_each_search_it_carried_and_the_next_wave_still_goes_out():
+    inner = _Gated(fail=True)
+    coalescing, results = _wave(inner, n=8)
+    assert all(isinstance(results[i], RetrieverError) and "HTTP 500" in str(results[i]) for i in range(8))
+    inner.fail = False
+    assert coalescing.search(["again"], 2) == [[{"id": "again", "contents": "call 3", "score": 2.0}]]
