@@ -2,11 +2,11 @@
 passage corpus through a retriever; see `env` for the episode and `options` for the settings.
 
 `configure(options)` loads the questions and opens the retriever once per server; every instance
-shares both and holds only its question and last observation. A batch's steps run on 64 threads,
-whose searches the retriever joins into one call per wave (`retriever.CoalescingRetriever`). An
-instance costs about 1 KiB each, measured as the
-RSS growth of 4,000 instances after a reset and a search each (counted as 16 KiB for the cap).
-Light on import: the trainer reads `options` through this package without loading either.
+shares both and holds only its question and last observation: about 3 KiB each (mostly the
+passages of its last search), measured as the RSS growth of 4,000 instances after a reset and a
+search each, counted as 16 KiB for the cap. A batch's steps run on 64 threads, whose searches the
+retriever joins into one call per wave (`retriever.CoalescingRetriever`). Light on import: the
+trainer reads `options` through this package without loading either.
 
 AgentGym's searchqa client speaks a dialect of its own, served beside ours: `/create {"id"}`
 answers a bare integer (the episode of task `id` started), later requests carry `env_idx`
