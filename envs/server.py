@@ -97,16 +97,34 @@ class RequireSecret:
         await self.app(scope, receive, send)
 
 
+def json_api(title: str, secret: str | None, lifespan=None) -> FastAPI:
+    """An app of ours: the secret required when given, a `PoolError` answered as `{"error"}` with its
+    status, anything unexpected logged and answered 500."""
+    app = FastAPI(title=title, lifespan=lifespan)
+    app.state.secured = secret is not None
+    if secret is not None:
+        app.add_middleware(RequireSecret, secret=secret)
+
+    @app.exception_handler(PoolError)
+    async def _refused(_, exc: PoolError):
+        return JSONResponse({"error": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_, exc: Exception):
+        log.exception("unexpected error in %s", title)
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+
+    return app
+
+
 def build_app(pool: InstancePool, max_body_bytes: int = limits.MAX_BODY_BYTES, secret: str | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_):
         yield
         pool.shutdown()  # ends every instance (and JVM) when the server stops
 
-    app = FastAPI(title=f"agentgym-mega {pool.kind.name} server", lifespan=lifespan)
-    app.state.pool, app.state.secured = pool, secret is not None
-    if secret is not None:
-        app.add_middleware(RequireSecret, secret=secret)
+    app = json_api(f"agentgym-mega {pool.kind.name} server", secret, lifespan)
+    app.state.pool = pool
     proc = psutil.Process(os.getpid())
 
     async def json_body(request: Request) -> dict:
@@ -114,14 +132,6 @@ def build_app(pool: InstancePool, max_body_bytes: int = limits.MAX_BODY_BYTES, s
 
     # Endpoints return JSONResponse themselves: FastAPI's generic encoding of returned dicts costs
     # more than the environments' own steps on the batched path.
-    @app.exception_handler(PoolError)
-    async def _pool_error(_, exc: PoolError):
-        return JSONResponse({"error": str(exc)}, status_code=exc.status)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_, exc: Exception):
-        log.exception("unexpected server error")
-        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
 
     @app.post("/create")
     async def create(request: Request):

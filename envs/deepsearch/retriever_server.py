@@ -15,8 +15,6 @@ address unless `insecure`; bodies are only ever parsed as JSON.
 
 from __future__ import annotations
 
-import logging
-
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -24,10 +22,8 @@ from starlette.concurrency import run_in_threadpool
 
 from envs import limits
 from envs.deepsearch.retriever import MAX_QUERIES, MAX_QUERY_CHARS, MAX_TOPK, LocalRetriever, load_index
-from envs.pool import BadRequest, PoolError, require_count
-from envs.server import RequireSecret, parse_object, read_body, resolve_secret
-
-log = logging.getLogger(__name__)
+from envs.pool import BadRequest, require_count
+from envs.server import json_api, parse_object, read_body, resolve_secret
 
 DEFAULT_TOPK = 3
 
@@ -35,19 +31,8 @@ DEFAULT_TOPK = 3
 def build_app(retriever: LocalRetriever, *, secret: str | None = None, max_body_bytes: int = limits.MAX_BODY_BYTES,
               max_queries: int = MAX_QUERIES, max_topk: int = MAX_TOPK,
               max_query_chars: int = MAX_QUERY_CHARS) -> FastAPI:
-    app = FastAPI(title="agentgym-mega retriever")
-    app.state.retriever, app.state.secured = retriever, secret is not None
-    if secret is not None:
-        app.add_middleware(RequireSecret, secret=secret)
-
-    @app.exception_handler(PoolError)  # what read_body and parse_object raise, and BadRequest below
-    async def _refused(_, exc: PoolError):
-        return JSONResponse({"error": str(exc)}, status_code=exc.status)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_, exc: Exception):
-        log.exception("unexpected retriever server error")
-        return JSONResponse({"error": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
+    app = json_api("agentgym-mega retriever", secret)
+    app.state.retriever = retriever
 
     @app.post("/retrieve")
     async def retrieve(request: Request):
