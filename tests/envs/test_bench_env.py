@@ -5,12 +5,16 @@ import json
 from tests.conftest import run_cli
 
 
-def test_bench_env_writes_both_paths_and_rss(tmp_path):
+def _bench(tmp_path, env: str, concurrency: str) -> dict:
     out = tmp_path / "bench.json"
-    result = run_cli("bench", "env", "--env", "textcraft", "--concurrency", "1,4", "--steps", "3",
+    result = run_cli("bench", "env", "--env", env, "--concurrency", concurrency, "--steps", "3",
                      "--json", str(out), timeout=300)
     assert result.returncode == 0, result.stderr
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_bench_env_writes_both_paths_and_rss(tmp_path):
+    report = _bench(tmp_path, "textcraft", "1,4")
     rows = {(r["concurrency"], r["path"]): r for r in report["results"]}
     assert set(rows) == {(1, "per_request"), (1, "batched"), (4, "per_request"), (4, "batched")}
     for (c, _), row in rows.items():
@@ -23,11 +27,7 @@ def test_bench_env_writes_both_paths_and_rss(tmp_path):
 def test_bench_env_deepsearch_reports_the_retrievers_rates_beside_the_steps(tmp_path):
     from envs.deepsearch import options, tasks
 
-    out = tmp_path / "bench.json"
-    result = run_cli("bench", "env", "--env", "deepsearch", "--concurrency", "2", "--steps", "3",
-                     "--json", str(out), timeout=300)
-    assert result.returncode == 0, result.stderr
-    report = json.loads(out.read_text())
+    report = _bench(tmp_path, "deepsearch", "2")
     assert [(r["path"], r["steps"], r["errors"]) for r in report["results"]] == [("per_request", 6, 0),
                                                                                  ("batched", 6, 0)]
     rates = report["retriever"]
