@@ -43,12 +43,14 @@ def layout(data_dir: str) -> list[tuple[str, str, str]]:
     manifest = os.path.join(data_dir, "layout.json")
     if os.path.exists(manifest):
         with open(manifest, encoding="utf-8") as f:
-            entries = json.load(f)
-        bad = [e for e in entries if not (isinstance(e, dict) and {"source", "file", "split"} <= set(e)
-                                          and e["split"] in ("train", "test", "dev"))]
-        if not isinstance(entries, list) or bad:
+            try:
+                entries = json.load(f)
+            except ValueError as exc:
+                raise ValueError(f"{manifest}: not JSON ({exc})") from None
+        bad = [e for e in entries if not _layout_entry(e)] if isinstance(entries, list) else [entries]
+        if bad:
             raise ValueError(f"{manifest}: expected a list of {{\"source\", \"file\", \"split\": train|test|dev}}, "
-                             f"found {bad[:1] or entries!r}")
+                             f"found {bad[0]!r}")
         files = [(e["source"], os.path.join(data_dir, e["file"]), e["split"]) for e in entries]
         missing = [path for _, path, _ in files if not os.path.exists(path)]
         if missing:
@@ -63,6 +65,11 @@ def layout(data_dir: str) -> list[tuple[str, str, str]]:
     if absent:
         log.warning("deepsearch: %s has no %s; ids follow the files present", data_dir, ", ".join(absent))
     return files
+
+
+def _layout_entry(entry) -> bool:
+    return (isinstance(entry, dict) and {"source", "file", "split"} <= set(entry)
+            and entry["split"] in ("train", "test", "dev"))
 
 
 def load(data_dir: str) -> list[Question]:
@@ -84,4 +91,6 @@ def load(data_dir: str) -> list[Question]:
                     raise ValueError(f"{path}:{number}: not a FlashRAG question ({exc!r}); expected "
                                      '{"question": "...", "golden_answers": ["..."]}') from None
                 questions.append(Question(question.strip(), tuple(answers), source, split))
+    if not questions:
+        raise ValueError(f"the question files in {data_dir} hold no question")
     return questions

@@ -123,6 +123,15 @@ def test_bad_question_files_are_named(tmp_path):
         f.write('{"question": "no answers"}\n')
     with pytest.raises(ValueError, match=r"nq/test.jsonl:3: not a FlashRAG question"):
         tasks.load(str(tmp_path))
+    (tmp_path / "layout.json").write_text(json.dumps([{"source": "nq", "file": "nq/test.jsonl", "split": "eval"}]))
+    with pytest.raises(ValueError, match=r"layout.json: expected a list of .*found \{'source': 'nq'"):
+        tasks.load(str(tmp_path))
+    (tmp_path / "layout.json").write_text(json.dumps([{"source": "x", "file": "x.jsonl", "split": "test"}]))
+    with pytest.raises(ValueError, match=r"layout.json names files that do not exist: \['.*/x.jsonl'\]"):
+        tasks.load(str(tmp_path))
+    (tmp_path / "x.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="hold no question"):
+        tasks.load(str(tmp_path))
 
 
 def test_the_shipped_layout_gives_both_splits_and_both_sources():
