@@ -407,22 +407,28 @@ def _cmd_make_tiny_model(args) -> int:
 
 
 def _add_pretrain_tiny(sub) -> None:
+    from agentgym_mega.pretrain import PLAYABLE
+
     p = _command(
         sub, "pretrain-tiny", func=_cmd_pretrain_tiny,
         help="pretrain a tiny base policy on random valid play (knows the format, not the strategy)",
         description=(
-            "Plays --episodes episodes of the environment with uniformly random valid actions on\n"
+            "Plays --episodes episodes of the environment with uniformly random valid replies on\n"
             "train-split tasks (of --categories), trains a byte-level BPE tokenizer on them (merging\n"
             "across words, so action phrases become single tokens) and fits a tiny Llama by\n"
-            "next-token loss on the assistant replies (`Action: ...`) only. The result is an HF\n"
-            "directory for `train` (model.path): a policy that answers in the action format about\n"
-            "as well as random valid play, for RL to improve on. Writes pretrain.json beside it."
+            "next-token loss on the assistant replies only. The replies are the environment's own\n"
+            "format: BabyAI `Action: <a listed action>`; Deep Search `<think>...</think>` then\n"
+            "`<search>2-5 words of the question</search>` or, once passages are shown, half the\n"
+            "time `<answer>a shown passage's title</answer>`. The result is an HF directory for\n"
+            "`train` (model.path): a policy that answers in the action format about as well as\n"
+            "random valid play, for RL to improve on. Writes pretrain.json beside it."
         ),
     )
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--env", default="babyai", choices=["babyai"], help="environment (one with listed valid actions)")
+    p.add_argument("--env", default="babyai", choices=PLAYABLE, help="environment (one random play knows)")
     p.add_argument("--categories", type=lambda s: [c for c in s.split(",") if c],
-                   help="comma-separated task categories (BabyAI level names); default all")
+                   help="comma-separated task categories (BabyAI level names; Deep Search data sources, "
+                        "e.g. single,twohop); default all")
     p.add_argument("--episodes", type=_COUNT, default=2000)
     p.add_argument("--epochs", type=_COUNT, default=2)
     p.add_argument("--max-turns", type=_COUNT, default=6, help="turns per episode")

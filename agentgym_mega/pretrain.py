@@ -1,10 +1,13 @@
 """`agentgym-mega pretrain-tiny`: a tiny base policy that knows an environment's action format but
 not its strategy, for RL to improve on.
 
-It plays episodes with uniformly random *valid* actions (never expert play), trains a byte-level
+It plays episodes with uniformly random *valid* replies (never expert play), trains a byte-level
 BPE tokenizer on the transcripts, and fits a tiny Llama by next-token loss on the assistant turns
 only. Transcripts are tokenised turn by turn exactly as the rollout manager builds its episodes
 (:class:`ChatTurns`), so RL starts from token sequences the model has seen.
+
+Light on import (torch and the model are loaded when used): the CLI reads `PLAYABLE` to build
+its parser.
 """
 
 from __future__ import annotations
@@ -12,17 +15,48 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import re
+import string
 import time
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    from agentgym_mega.models.tiny import TinySpec
+    from agentgym_mega.rollout.manager import ChatTurns
 
-from agentgym_mega.models.tiny import TinySpec, build_model, save_model, train_tokenizer
-from agentgym_mega.rollout.manager import ChatTurns
 
-REPLY = "Action: {}"
-# Random play only knows how to choose among listed actions; environments without a list of valid
-# actions in their observation cannot be played this way.
-PLAYABLE = ("babyai",)
+def _babyai_reply(env, rng: random.Random, first: str, observation: str) -> str:
+    """One of the listed actions (bar the listing command), in the `Action: ...` format."""
+    return "Action: " + rng.choice([a for a in env.available_actions() if a != "check available actions"])
+
+
+# A line of Deep Search's `<information>`; its first line follows the opening tag.
+_DOC_TITLE = re.compile(r"(?:^|<information>)Doc \d+\(Title: (.*?)\) ", re.MULTILINE)
+
+
+def question_words(first: str) -> list[str]:
+    """The words of a Deep Search question (its reset observation), punctuation stripped."""
+    words = (w.strip(string.punctuation) for w in first.removeprefix("Question: ").split())
+    return [w for w in words if w]
+
+
+def _deepsearch_reply(env, rng: random.Random, first: str, observation: str) -> str:
+    """Once passages are shown, half the time an answer naming one of their titles; otherwise a
+    search for 2-5 consecutive words of the question. Never reads the golden answers."""
+    titles = _DOC_TITLE.findall(observation)
+    if titles and rng.random() < 0.5:
+        return f"<think>I answer with a title shown.</think>\n<answer>{rng.choice(titles)}</answer>"
+    words = question_words(first)
+    size = rng.randint(min(2, len(words)), min(5, len(words)))
+    start = rng.randrange(len(words) - size + 1)
+    return f"<think>I search for it.</think>\n<search>{' '.join(words[start: start + size])}</search>"
+
+
+# Each playable environment's random valid reply, given its instance, the episode's first
+# observation and its last one. Environments whose valid actions cannot be drawn this way (from
+# a listing, or from the question and the passages shown) are not playable.
+PLAYERS = {"babyai": _babyai_reply, "deepsearch": _deepsearch_reply}
+PLAYABLE = tuple(PLAYERS)
 
 
 @dataclasses.dataclass
@@ -42,23 +76,25 @@ class PretrainConfig:
 
 def random_play(env_name: str, task_ids: list[int], episodes: int, max_turns: int,
                 seed: int) -> tuple[list[list], list[float]]:
-    """``episodes`` transcripts ``[(observation, action), ..., (final observation, None)]`` of
-    uniformly random valid actions, cycling through ``task_ids``, and their scores."""
+    """``episodes`` transcripts ``[(observation, reply), ..., (final observation, None)]`` of
+    uniformly random valid replies, cycling through ``task_ids``, and their scores."""
     if env_name not in PLAYABLE:
-        raise ValueError(f"random play needs listed valid actions; env {env_name!r} not in {', '.join(PLAYABLE)}")
+        raise ValueError(f"random play needs a random valid reply; env {env_name!r} not in {', '.join(PLAYABLE)}")
     from envs import load_kind
 
     rng = random.Random(seed)
-    env = load_kind(env_name).make()
+    kind = load_kind(env_name)
+    play = PLAYERS[env_name]
+    env = kind.make()
     transcripts, scores = [], []
     try:
         for i in range(episodes):
-            observation = env.reset(task_ids[i % len(task_ids)])["observation"]
+            first = observation = env.reset(task_ids[i % len(task_ids)])["observation"]
             turns, score = [], 0.0
             for _ in range(max_turns):
-                action = rng.choice([a for a in env.available_actions() if a != "check available actions"])
-                turns.append((observation, action))
-                result = env.step(action)
+                reply = play(env, rng, first, observation)
+                turns.append((observation, reply))
+                result = env.step(kind.parse_action(reply))  # as the env server reads a reply
                 observation, score = result["observation"], float(result["reward"])
                 if result["done"]:
                     break
@@ -74,8 +110,8 @@ def encode(transcript: list, turns: ChatTurns) -> tuple[list[int], list[int]]:
     manager builds an episode: first prompt, sampled reply, then each observation turn."""
     ids = turns.first(transcript[0][0])
     mask = [0] * len(ids)
-    for (_, action), (observation, following) in zip(transcript, transcript[1:]):
-        reply = turns.reply(REPLY.format(action))
+    for (_, text), (observation, following) in zip(transcript, transcript[1:]):
+        reply = turns.reply(text)
         ids += reply
         mask += [1] * len(reply)
         if following is not None:  # the episode's last observation is never answered
@@ -87,6 +123,8 @@ def encode(transcript: list, turns: ChatTurns) -> tuple[list[int], list[int]]:
 
 def _batches(examples: list, batch_size: int, pad: int, rng: random.Random):
     """Right-padded batches of similar length (fewer padded tokens), in random order."""
+    import torch
+
     order = sorted(range(len(examples)), key=lambda i: len(examples[i][0]))
     chunks = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
     rng.shuffle(chunks)
@@ -103,11 +141,15 @@ def _batches(examples: list, batch_size: int, pad: int, rng: random.Random):
 
 def pretrain(out: str, spec: TinySpec, cfg: PretrainConfig, log=print) -> dict:
     """Writes the pretrained HF model directory at ``out``; returns a summary of the run."""
+    import torch
+
+    from agentgym_mega.models.tiny import build_model, save_model, train_tokenizer
+    from agentgym_mega.rollout.manager import ChatTurns
+
     start = time.perf_counter()
     transcripts, scores = random_play(cfg.env, cfg.task_ids, cfg.episodes, cfg.max_turns, cfg.seed)
     success = sum(s > 0 for s in scores) / len(scores)
-    texts = [text for t in transcripts for observation, action in t
-             for text in (observation, REPLY.format(action) if action else "")]
+    texts = [text for t in transcripts for turn in t for text in turn if text]
     tokenizer = train_tokenizer(cfg.vocab, texts, cross_word=True)
     turns = ChatTurns(tokenizer)
     examples = [encode(t, turns) for t in transcripts]

@@ -6,8 +6,8 @@ from agentgym_mega import errors
 from agentgym_mega.cli import build_parser
 from tests.conftest import run_cli
 
-SUBCOMMANDS = ["config", "make-tiny-model", "pretrain-tiny", "doctor", "env-server", "bench", "train", "eval",
-               "plan", "scaling"]
+SUBCOMMANDS = ["config", "make-tiny-model", "pretrain-tiny", "doctor", "env-server", "retriever", "bench", "train",
+               "eval", "plan", "scaling"]
 
 
 def test_top_level_help_lists_every_subcommand():
@@ -37,6 +37,10 @@ def test_parser_registers_exactly_the_documented_subcommands():
     (["env-server", "--env", "babyai", "--port", "70000"], "not a port in 1-65535"),
     (["env-server", "--env", "babyai", "--max-instances", "0"], "not an integer >= 1"),
     (["env-server", "--env", "babyai", "--idle-timeout", "-5"], "not a number of seconds > 0"),
+    (["env-server", "--env", "deepsearch", "--option", "topk"], "'topk' is not KEY=VALUE"),
+    (["retriever", "serve", "--index", "x", "--max-topk", "0"], "not an integer >= 1"),
+    (["retriever", "index"], "invalid choice"),
+    (["pretrain-tiny", "--env", "textcraft", "--out", "x"], "invalid choice"),
     (["bench", "env", "--env", "textcraft", "--concurrency", "1,x"], "comma list of integers >= 1"),
     (["bench", "env", "--env", "textcraft", "--concurrency", "0"], "comma list of integers >= 1"),
     (["bench", "nothing"], "invalid choice"),

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from agentgym_mega.models.tiny import train_tokenizer
-from agentgym_mega.pretrain import REPLY, encode, random_play
+from agentgym_mega.pretrain import encode, question_words, random_play
 from agentgym_mega.rollout.manager import ChatTurns
+from envs.deepsearch.env import parse_action
 
 LEVEL_IDS = [seed * 40 + 1 for seed in range(10, 20)]  # GoToRedBall, train seeds
+QUESTION_IDS = list(range(0, 700, 35))  # Deep Search's shipped train questions, both sources
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +23,7 @@ def play():
 @pytest.fixture(scope="module")
 def tokenizer(play):
     transcripts, _ = play
-    texts = [text for t in transcripts for obs, action in t for text in (obs, REPLY.format(action) if action else "")]
-    return train_tokenizer(600, texts, cross_word=True)
+    return train_tokenizer(600, [text for t in transcripts for turn in t for text in turn if text], cross_word=True)
 
 
 def listed(observation: str) -> list[str]:
@@ -34,41 +35,70 @@ def test_random_play_only_takes_listed_actions_and_is_seeded(play):
     assert len(transcripts) == len(scores) == 24
     for turns in transcripts:
         assert 1 <= len(turns) - 1 <= 4 and turns[-1][1] is None
-        for observation, action in turns[:-1]:
-            assert action in listed(observation) and action != "check available actions"
+        for observation, reply in turns[:-1]:
+            action = reply.removeprefix("Action: ")
+            assert reply.startswith("Action: ") and action in listed(observation)
+            assert action != "check available actions"
     assert all(0.0 <= s <= 1.0 for s in scores) and any(s > 0 for s in scores)
     again, _ = random_play("babyai", LEVEL_IDS, 24, 4, seed=3)
     other, _ = random_play("babyai", LEVEL_IDS, 24, 4, seed=4)
     assert again == transcripts and other != transcripts
 
 
-def test_random_play_refuses_an_env_without_listed_actions():
-    with pytest.raises(ValueError, match="listed valid actions"):
+def test_random_play_refuses_an_env_it_cannot_play():
+    with pytest.raises(ValueError, match="random valid reply"):
         random_play("textcraft", [0], 1, 1, 0)
 
 
-def test_encoded_transcript_is_the_chat_rendering_with_replies_masked(play, tokenizer):
+def test_deep_search_random_play_searches_question_words_and_answers_shown_titles():
+    transcripts, scores = random_play("deepsearch", QUESTION_IDS, 40, 5, seed=3)
+    assert len(transcripts) == len(scores) == 40
+    kinds = set()
+    for turns in transcripts:
+        words = question_words(turns[0][0])
+        assert turns[0][0].startswith("Question: ") and turns[-1][1] is None
+        for (observation, reply), (following, _) in zip(turns, turns[1:]):
+            kind, text = parse_action(reply)
+            kinds.add(kind)
+            if kind == "search":
+                query = text.split()
+                assert 2 <= len(query) <= 5 and any(words[i: i + len(query)] == query for i in range(len(words)))
+                assert following.startswith("<information>")
+            else:
+                assert f"(Title: {text}) " in observation
+    assert kinds == {"search", "answer"}
+    success = sum(s > 0 for s in scores) / len(scores)
+    print(f"Deep Search random-play success {success:.2f}")
+    assert 0 <= success <= 1 and all(s in (0.0, 1.0) for s in scores)
+    again, _ = random_play("deepsearch", QUESTION_IDS, 40, 5, seed=3)
+    other, _ = random_play("deepsearch", QUESTION_IDS, 40, 5, seed=4)
+    assert again == transcripts and other != transcripts
+
+
+@pytest.mark.parametrize("env", ["babyai", "deepsearch"])
+def test_encoded_transcript_is_the_chat_rendering_with_replies_masked(env, play, tokenizer):
+    transcripts = play[0] if env == "babyai" else random_play("deepsearch", QUESTION_IDS, 6, 4, seed=3)[0]
     turns = ChatTurns(tokenizer)
-    for transcript in play[0][:6]:
+    for transcript in transcripts[:6]:
         ids, mask = encode(transcript, turns)
         messages = []
-        for observation, action in transcript:
+        for observation, reply in transcript:
             messages.append({"role": "user", "content": observation})
-            if action is not None:
-                messages.append({"role": "assistant", "content": REPLY.format(action)})
+            if reply is not None:
+                messages.append({"role": "assistant", "content": reply})
         rendered = tokenizer.apply_chat_template(messages[:-1], tokenize=False)  # the last observation is unanswered
         assert tokenizer.decode(ids) == rendered.rstrip("\n")
         trained = [i for i, m in zip(ids, mask) if m]
-        assert tokenizer.decode(trained) == "".join(f"{REPLY.format(a)}<|im_end|>" for _, a in transcript[:-1])
+        assert tokenizer.decode(trained) == "".join(f"{r}<|im_end|>" for _, r in transcript[:-1])
 
 
 def test_cross_word_tokens_are_the_same_in_a_reply_and_in_the_listed_actions(play, tokenizer, tmp_path):
     from transformers import AutoTokenizer
 
-    observation, action = play[0][0][0]
+    observation, sent = play[0][0][0]
     encode_text = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    phrase = encode_text(action)
-    reply = encode_text(REPLY.format(action))
+    phrase = encode_text(sent.removeprefix("Action: "))
+    reply = encode_text(sent)
     listing = encode_text(observation)
     assert reply[-len(phrase):] == phrase
     assert any(listing[i: i + len(phrase)] == phrase for i in range(len(listing)))
