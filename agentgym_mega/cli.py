@@ -607,6 +607,8 @@ def _add_retriever(sub) -> None:
     b.add_argument("--dense-model", help="local sentence-transformers directory (e.g. a saved intfloat/e5-base-v2): "
                                          "also build the dense index")
     b.add_argument("--batch-size", type=_COUNT, default=64, help="passages per encoder batch (default 64)")
+    b.add_argument("--device", choices=("cpu", "cuda"), help="where the encoder runs (default: cuda when torch sees "
+                                                             "a GPU, else cpu)")
     s = _command(
         commands, "serve", func=_cmd_retriever_serve,
         help="serve an index over HTTP (Search-R1's POST /retrieve)",
@@ -625,6 +627,8 @@ def _add_retriever(sub) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000)")
     s.add_argument("--mode", choices=retriever.MODES, help="default: dense when the index has it, else bm25")
+    s.add_argument("--device", choices=("cpu", "cuda"), help="where the dense query encoder runs (default: cuda "
+                                                             "when torch sees a GPU, else cpu)")
     _add_server_security(s)
     s.add_argument("--max-queries", type=_COUNT, default=retriever.MAX_QUERIES,
                    help="most queries in one request; more answers 400 (default %(default)s)")
@@ -638,7 +642,7 @@ def _cmd_retriever_build(args) -> int:
     from envs.deepsearch.retriever import RetrieverInputError, build_index
 
     try:
-        report = build_index(args.corpus, args.out, args.dense_model, args.batch_size)
+        report = build_index(args.corpus, args.out, args.dense_model, args.batch_size, device=args.device)
     except RetrieverInputError as exc:
         raise BadInput(str(exc)) from None
     print(f"indexed {report['passages']} passages ({', '.join(report['indexes'])}) into {args.out} in "
@@ -653,8 +657,8 @@ def _cmd_retriever_serve(args) -> int:
 
     try:
         secret = read_secret_file(args.secret_file) if args.secret_file else None
-        server = make_server(args.index, args.host, args.port, args.mode, secret=secret, insecure=args.insecure,
-                             max_body_bytes=args.max_body_bytes, max_queries=args.max_queries,
+        server = make_server(args.index, args.host, args.port, args.mode, device=args.device, secret=secret,
+                             insecure=args.insecure, max_body_bytes=args.max_body_bytes, max_queries=args.max_queries,
                              max_topk=args.max_topk, max_query_chars=args.max_query_chars)
     except ValueError as exc:  # a setting, index or mode that is not allowed (the message names it)
         raise BadInput(str(exc)) from None

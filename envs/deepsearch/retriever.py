@@ -72,10 +72,11 @@ class RetrieverError(RuntimeError):
 
 
 def build_index(corpus: str, out: str, dense_model: str | None = None, batch_size: int = 64,
-                progress: bool = True) -> dict:
+                progress: bool = True, device: str | None = None) -> dict:
     """Indexes the JSONL `corpus` into the directory `out`, built beside it and moved into place
     only when complete (a failed build leaves no `out`). `dense_model`: a local sentence-transformers
-    directory; the passages are then also encoded, `batch_size` at a time. Returns the passage
+    directory; the passages are then also encoded, `batch_size` at a time, on `device` (None: the
+    GPU when there is one). Returns the passage
     count, seconds, passages/s, the directory's bytes and the indexes built."""
     import bm25s
 
@@ -88,7 +89,7 @@ def build_index(corpus: str, out: str, dense_model: str | None = None, batch_siz
         raise RetrieverInputError(f"out {out!r} exists and is not a retriever index; allowed: a new path, an empty "
                                   "directory, or an index to replace")
     _require_count("batch_size", batch_size)
-    encoder = _encoder(dense_model) if dense_model else None  # a bad model fails before the long part
+    encoder = _encoder(dense_model, device) if dense_model else None  # a bad model fails before the long part
     tmp = atomic_dir(out)
     try:
         tokens = bm25s.tokenize((text for _, text in _passages(corpus, progress)), lower=True, stopwords=STOPWORDS,
@@ -159,14 +160,18 @@ def _passages(path: str, progress: bool):
         raise RetrieverInputError(f'{path}: no passages; expected JSONL, one {{"id": ..., "contents": ...}} per line')
 
 
-def _encoder(model_dir: str):
+def _encoder(model_dir: str, device: str | None = None):
+    """The sentence-transformers encoder in `model_dir`, on `device` (None: the GPU when torch sees
+    one, else the CPU: encoding a Wikipedia-sized corpus is a GPU job)."""
     if not os.path.isfile(os.path.join(model_dir, "modules.json")):
         raise RetrieverInputError(f"dense model {model_dir!r} is not a sentence-transformers directory (no "
                                   "modules.json); allowed: a local directory such as a saved intfloat/e5-base-v2")
+    import torch
     from sentence_transformers import SentenceTransformer
 
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     # Only that directory: a path that also names a Hub model must never download.
-    return SentenceTransformer(model_dir, device="cpu", local_files_only=True)
+    return SentenceTransformer(model_dir, device=device, local_files_only=True)
 
 
 def _encode(encoder, texts: list[str], batch_size: int):
@@ -193,8 +198,9 @@ def _index_dense(encoder, model_dir: str, directory: str, count: int, batch_size
             "query_prefix": QUERY_PREFIX, "passage_prefix": PASSAGE_PREFIX}
 
 
-def load_index(directory: str, mode: str | None = None) -> LocalRetriever:
-    """The index in `directory`, memory-mapped. `mode` None: dense when the index has one, else bm25."""
+def load_index(directory: str, mode: str | None = None, device: str | None = None) -> LocalRetriever:
+    """The index in `directory`, memory-mapped. `mode` None: dense when the index has one, else bm25.
+    `device`: where a dense index's query encoder runs (None: the GPU when there is one)."""
     path = os.path.join(directory, MANIFEST)
     try:
         with open(path) as f:
@@ -226,7 +232,7 @@ def load_index(directory: str, mode: str | None = None) -> LocalRetriever:
     import faiss
 
     dense = faiss.read_index(os.path.join(directory, DENSE_INDEX), faiss.IO_FLAG_MMAP_IFC)
-    return LocalRetriever(manifest, passages, dense=dense, encoder=_encoder(manifest["dense"]["model"]))
+    return LocalRetriever(manifest, passages, dense=dense, encoder=_encoder(manifest["dense"]["model"], device))
 
 
 class LocalRetriever:

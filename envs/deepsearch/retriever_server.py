@@ -83,10 +83,12 @@ def _checked(body: dict, max_queries: int, max_topk: int, max_query_chars: int) 
 
 
 def make_server(index: str, host: str = "127.0.0.1", port: int = 8000, mode: str | None = None, *,
-                secret: str | None = None, insecure: bool = False, max_body_bytes: int = limits.MAX_BODY_BYTES,
+                device: str | None = None, secret: str | None = None, insecure: bool = False,
+                max_body_bytes: int = limits.MAX_BODY_BYTES,
                 max_queries: int = MAX_QUERIES, max_topk: int = MAX_TOPK,
                 max_query_chars: int = MAX_QUERY_CHARS) -> uvicorn.Server:
-    """A uvicorn server over the index in directory `index` (`load_index(index, mode)`); `.run()` blocks.
+    """A uvicorn server over the index in directory `index` (`load_index(index, mode, device)`);
+    `.run()` blocks.
 
     `secret` None: $AGENTGYM_MEGA_SECRET when set and not empty, else no authentication, which only a
     loopback `host` (or `insecure`) allows. Raises ValueError naming a setting that is not allowed
@@ -96,8 +98,8 @@ def make_server(index: str, host: str = "127.0.0.1", port: int = 8000, mode: str
     for name, value in (("max_body_bytes", max_body_bytes), ("max_queries", max_queries), ("max_topk", max_topk),
                         ("max_query_chars", max_query_chars)):
         require_count(name, value)
-    app = build_app(load_index(index, mode), secret=secret, max_body_bytes=max_body_bytes, max_queries=max_queries,
-                    max_topk=max_topk, max_query_chars=max_query_chars)
+    app = build_app(load_index(index, mode, device), secret=secret, max_body_bytes=max_body_bytes,
+                    max_queries=max_queries, max_topk=max_topk, max_query_chars=max_query_chars)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, timeout_keep_alive=60,
                             backlog=4096)
     return uvicorn.Server(config)

@@ -32,6 +32,7 @@ from envs.deepsearch.retriever import (
     open_retriever,
 )
 from tests.conftest import REPO, run_cli
+from tests.envs.tiny_encoder import make_tiny_encoder
 
 SECRET = "retriever-secret_for-tests"
 # One made-up entity per passage, so a query naming one has exactly one right answer.
@@ -139,35 +140,12 @@ def test_the_cli_refuses_a_missing_corpus_and_keeps_a_previous_index(corpus, tmp
         build_index(corpus, str(tmp_path), progress=False)  # would delete dup.jsonl
 
 
-# The dense index: a tiny random BERT behind a WordLevel tokenizer trained on the corpus, saved as
-# a sentence-transformers directory with mean pooling.
+# The dense index: a tiny random encoder (tests/envs/tiny_encoder.py).
 
 @pytest.fixture(scope="module")
 def encoder_dir(tmp_path_factory) -> str:
-    import torch
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors, trainers
-    from tokenizers.models import WordLevel
-    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
-
-    root = tmp_path_factory.mktemp("encoder")
-    tok = Tokenizer(WordLevel(unk_token="[UNK]"))
-    tok.normalizer, tok.pre_tokenizer = normalizers.Lowercase(), pre_tokenizers.Whitespace()
     texts = [f"passage: {r['contents']}" for r in _passages()] + [f"query: {_question(0)}"]
-    tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[(t, tok.token_to_id(t)) for t in ("[CLS]", "[SEP]")])
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                            sep_token="[SEP]", model_max_length=64).save_pretrained(root / "hf")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64)
-    BertModel(config).save_pretrained(root / "hf")
-    transformer = Transformer(str(root / "hf"))
-    pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
-    SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(root / "st"))
-    return str(root / "st")
+    return make_tiny_encoder(tmp_path_factory.mktemp("encoder"), texts)
 
 
 def _offline() -> dict:
