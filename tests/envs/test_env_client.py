@@ -1,6 +1,7 @@
 """The trainer's client: servers started as Ray actors on CPU, batched calls fanned out over them,
 split to fit the servers' limits, with the shared secret."""
 
+import json
 import time
 
 import pytest
@@ -82,6 +83,32 @@ def test_ray_actor_servers_and_batched_fan_out():
         assert all("error" not in r for r in results[0::2])
         assert all("unavailable" in r["error"] for r in results[1::2])
         client.close(handles[0::2])
+        client.shutdown()
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_ray_actor_servers_take_the_environments_options(tmp_path):
+    # Questions of a source only this directory has: the catalogue names it only if the server
+    # the actor started loaded env_options' data_dir, and its searches use env_options' corpus.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "train.jsonl").write_text(json.dumps({"question": "Who founded Oriveth?",
+                                                               "golden_answers": ["Kaelen Morvast"]}) + "\n")
+    (tmp_path / "layout.json").write_text(json.dumps([{"source": "mine", "file": "mine/train.jsonl",
+                                                       "split": "train"}]))
+    (tmp_path / "corpus.jsonl").write_text(json.dumps({"id": "0", "contents": "Oriveth\nOriveth was founded by "
+                                                                                  "Kaelen Morvast."}) + "\n")
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        options = {"data_dir": str(tmp_path), "corpus": str(tmp_path / "corpus.jsonl"), "topk": 1}
+        _, urls = start_servers("deepsearch", num_servers=1, num_cpus=0.5, secret=SECRET, env_options=options)
+        client = EnvClient(urls, secret=SECRET)
+        assert [(t.id, t.category, t.split) for t in client.tasks()] == [(0, "mine", "train")]
+        handles = client.create(1)
+        assert client.reset(handles, [0])[0]["observation"] == "Question: Who founded Oriveth?"
+        found = client.step(handles, ["<think>Look.</think>\n<search>Oriveth founded</search>"])[0]["observation"]
+        assert found == "<information>Doc 1(Title: Oriveth) Oriveth was founded by Kaelen Morvast.\n</information>"
         client.shutdown()
     finally:
         ray.shutdown()
