@@ -18,7 +18,8 @@ from envs import KINDS, limits
 _FORMAT = argparse.RawDescriptionHelpFormatter
 _BENCH_JSON = "write the report here"
 _REPORT_JSON = "also write the report as JSON here"
-_SYNC_TRANSPORTS = ("zmq", "collective")  # bench sync --transport (agentgym_mega.bench.sync.TRANSPORTS)
+_SYNC_TRANSPORTS = ("zmq", "collective")
+_DEVICES = ("cpu", "cuda")  # retriever --device  # bench sync --transport (agentgym_mega.bench.sync.TRANSPORTS)
 
 
 # Argument types: a bad value exits 2 with argparse's message naming the option.
@@ -531,9 +532,11 @@ def _add_env_server(sub) -> None:
                    help="most operations in one POST /batch; more answers 413 (default %(default)s)")
     p.add_argument("--max-action-chars", type=_COUNT, default=limits.MAX_ACTION_CHARS,
                    help="longest action in characters; longer answers 400 (default %(default)s)")
+    from envs.deepsearch.options import Options
+
     p.add_argument("--option", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
-                   help="an option of the environment kind, repeatable (deepsearch: data_dir, retriever_url, "
-                        "index_dir, corpus, mode, topk, timeout_s, max_query_chars; see the README)")
+                   help="an option of the environment kind, repeatable (deepsearch: "
+                        f"{', '.join(Options.__dataclass_fields__)}; see the README)")
 
 
 def _add_server_security(p) -> None:
@@ -607,7 +610,7 @@ def _add_retriever(sub) -> None:
     b.add_argument("--dense-model", help="local sentence-transformers directory (e.g. a saved intfloat/e5-base-v2): "
                                          "also build the dense index")
     b.add_argument("--batch-size", type=_COUNT, default=64, help="passages per encoder batch (default 64)")
-    b.add_argument("--device", choices=("cpu", "cuda"), help="where the encoder runs (default: cuda when torch sees "
+    b.add_argument("--device", choices=_DEVICES, help="where the encoder runs (default: cuda when torch sees "
                                                              "a GPU, else cpu)")
     s = _command(
         commands, "serve", func=_cmd_retriever_serve,
@@ -627,7 +630,7 @@ def _add_retriever(sub) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000)")
     s.add_argument("--mode", choices=retriever.MODES, help="default: dense when the index has it, else bm25")
-    s.add_argument("--device", choices=("cpu", "cuda"), help="where the dense query encoder runs (default: cuda "
+    s.add_argument("--device", choices=_DEVICES, help="where the dense query encoder runs (default: cuda "
                                                              "when torch sees a GPU, else cpu)")
     _add_server_security(s)
     s.add_argument("--max-queries", type=_COUNT, default=retriever.MAX_QUERIES,

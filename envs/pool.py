@@ -297,9 +297,9 @@ def _size(n: int) -> str:
     return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB"
 
 
-def require_count(name: str, value) -> None:
+def require_count(name: str, value, error: type[ValueError] = ValueError) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} is not allowed; allowed: an integer >= 1")
+        raise error(f"{name}={value!r} is not allowed; allowed: an integer >= 1")
 
 
 def _check_id(value) -> int:

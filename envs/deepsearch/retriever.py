@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from agentgym_mega.files import atomic_dir, commit_dir
 from envs import limits
+from envs.pool import require_count
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def build_index(corpus: str, out: str, dense_model: str | None = None, batch_siz
             not os.path.isdir(out) or os.listdir(out)):  # replacing it would delete someone's files
         raise RetrieverInputError(f"out {out!r} exists and is not a retriever index; allowed: a new path, an empty "
                                   "directory, or an index to replace")
-    _require_count("batch_size", batch_size)
+    require_count("batch_size", batch_size, RetrieverInputError)
     encoder = _encoder(dense_model, device) if dense_model else None  # a bad model fails before the long part
     tmp = atomic_dir(out)
     try:
@@ -285,12 +286,7 @@ class LocalRetriever:
 def _check_search(queries, topk) -> None:
     if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
         raise RetrieverInputError(f"queries {str(queries)[:80]!r} is not allowed; allowed: a list of strings")
-    _require_count("topk", topk)
-
-
-def _require_count(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise RetrieverInputError(f"{name}={value!r} is not allowed; allowed: an integer >= 1")
+    require_count("topk", topk, RetrieverInputError)
 
 
 class RemoteRetriever:
@@ -299,7 +295,7 @@ class RemoteRetriever:
     `Authorization: Bearer <secret>` (servers started with one)."""
 
     def __init__(self, url: str, timeout: float = 60.0, secret: str | None = None, max_queries: int = MAX_QUERIES):
-        _require_count("max_queries", max_queries)
+        require_count("max_queries", max_queries, RetrieverInputError)
         self.url, self.timeout, self.max_queries = url.rstrip("/"), timeout, max_queries
         self._headers = {"Authorization": f"Bearer {secret}"} if secret else {}
         self._local = threading.local()  # a requests.Session per thread: sessions are not thread-safe
