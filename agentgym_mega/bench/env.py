@@ -167,7 +167,7 @@ def _retriever_rates(url: str) -> dict:
     print(f"retriever: {rates['batched_qps']:.0f} queries/s batched ({rates['queries']} in one request), "
           f"{rates['single_qps']:.0f} queries/s one per request from {rates['concurrency']} threads "
           f"(p50 {rates['single_p50_ms']:.1f} ms, p99 {rates['single_p99_ms']:.1f} ms)", flush=True)
-    return {"url": "retriever serve over the shipped corpus (BM25)", **rates}
+    return {"served": "retriever serve over the shipped corpus (BM25)", **rates}
 
 
 def run(env: str, concurrencies: list[int], steps: int = 20) -> dict:
