@@ -83,6 +83,7 @@ class Kind:
     `env_idx_task`: the kind also serves AgentGym's env_idx dialect (Deep Search's client, WebArena's):
     requests name the instance `env_idx`, a reset names its task by this field, and /create with
     a body starts the episode of that task and answers the bare instance id.
+    `health`: the kind's own figures for `GET /health` (WebArena: its browser's open pages).
     """
 
     name: str
@@ -96,6 +97,7 @@ class Kind:
     starts_on_create: bool = False
     parse_action: Callable[[str], str] = extract_action
     env_idx_task: str | None = None
+    health: Callable[[], dict] = dict
 
     def check_data_idx(self, value) -> int:
         """data_idx must be an int (bool is no index) in range; large ids keep each env's meaning."""

@@ -128,6 +128,8 @@ class InstancePool:
             return instance_id
         if body is not None and self.kind.starts_on_create:
             return {"id": instance_id, **self.reset(instance_id, instance_id)}
+        if self.kind.env_idx_task is not None:  # the dialect's client reads env_idx (WebArena's)
+            return {"id": instance_id, "env_idx": instance_id}
         return {"id": instance_id}
 
     def _new_instance(self) -> int:

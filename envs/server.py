@@ -184,7 +184,7 @@ def build_app(pool: InstancePool, max_body_bytes: int = limits.MAX_BODY_BYTES, s
             "instance_bytes": pool.kind.instance_bytes, "idle_timeout": pool.idle_timeout,
             "max_body_bytes": max_body_bytes, "max_batch_ops": pool.max_batch_ops,
             "max_action_chars": pool.max_action_chars, "auth": secret is not None,
-            "rss_bytes": proc.memory_info().rss,
+            "rss_bytes": proc.memory_info().rss, **await run_in_threadpool(pool.kind.health),
         }
 
     @app.get("/tasks")

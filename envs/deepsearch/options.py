@@ -24,8 +24,10 @@ import dataclasses
 import os
 from typing import Annotated, Literal, Optional
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
+
+from envs.options import validate
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 _PATHS = ("data_dir", "index_dir", "corpus", "retriever_secret_file")
@@ -47,14 +49,7 @@ class Options:
 
 def check(options: dict) -> Options:
     """The options validated, paths made absolute (servers may run in another directory)."""
-    try:
-        opts = Options(**options)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        key = ".".join(str(part) for part in err["loc"]) or "options"
-        given = options.get(key, "(missing)")
-        raise ValueError(f"deepsearch option {key}={given!r} is not allowed: {err['msg']}; options: "
-                         f"{', '.join(Options.__dataclass_fields__)}") from None
+    opts = validate(Options, options, "deepsearch")
     sources = [k for k in ("retriever_url", "index_dir", "corpus") if getattr(opts, k) is not None]
     if len(sources) > 1:
         raise ValueError(f"deepsearch options {' and '.join(sources)} both name a retriever; give one of "

@@ -165,6 +165,30 @@ class OriginalSearchQAClient:
         return self._post("close", {})
 
 
+class OriginalWebArenaClient(OriginalSearchQAClient):
+    """AgentGym's webarena client, the same dialect with its own ends: /create with no body answers
+    {"env_idx"}; a reset sends `{"env_idx", "seed": 0, "idx"}` and raises on the observation
+    "TimeoutError"; a step sends the whole model reply and reads observation, reward and
+    terminated, the reward counting only when terminated (driven in tests/envs/test_webarena.py)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        resp = requests.post(f"{url}/create", timeout=300)
+        assert resp.status_code == 200, resp.text
+        self.env_id = resp.json()["env_idx"]
+
+    def step(self, reply: str) -> dict:
+        out = self._post("step", {"action": reply})
+        return {"state": out["observation"], "reward": out["reward"] if out["terminated"] else 0,
+                "done": out["terminated"]}
+
+    def reset(self, idx: int) -> dict:
+        out = self._post("reset", {"seed": 0, "idx": idx})
+        if out["observation"] == "TimeoutError":
+            raise TimeoutError(f"reset of task {idx} timed out")
+        return out
+
+
 def test_original_searchqa_client():
     from envs.deepsearch import options, tasks
 
@@ -182,7 +206,9 @@ def test_original_searchqa_client():
         right = client.step(f"<think>Found it.</think>\n<answer>{questions[7].golden_answers[0]}</answer>")
         assert (right["reward"], right["done"]) == (1.0, True)
         assert client.close() is True
-        # Ours beside it on the same server: /create without a body answers {"id"}.
-        assert set(requests.post(f"{server.url}/create", timeout=60).json()) == {"id"}
+        # Ours beside it on the same server: /create without a body answers {"id"} (and env_idx, which
+        # WebArena's client of the same dialect reads).
+        created = requests.post(f"{server.url}/create", timeout=60).json()
+        assert set(created) == {"id", "env_idx"} and created["id"] == created["env_idx"]
         nope = requests.post(f"{server.url}/create", json={"id": len(questions)}, timeout=60)
         assert nope.status_code == 400 and "is not allowed" in nope.json()["error"]
