@@ -8,13 +8,17 @@ episode is set up until every episode has made its steps (creation, with its JVM
 generation, is not stepping). The server runs as a separate process started through the real CLI,
 and its RSS is read before and after. Deep Search runs as deployed: its server searches through a
 `retriever serve` of the shipped corpus, whose queries/s (batched and one per request) are
-reported beside the steps/s.
+reported beside the steps/s. WebArena browses the shipped shop: each step clicks the first link
+of its observation or goes back (a page load either way), and the memory of a live instance is
+measured apart: the server's whole process tree (it and Chromium's processes), PSS and RSS, with
+no context open and with one per instance, after each has loaded its start page.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -23,6 +27,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 import requests
 
 from agentgym_mega.rollout.env_client import EnvClient, EnvServerError, wait_healthy
@@ -35,6 +40,14 @@ ACTIONS = {
     "deepsearch": ["<search>who founded the company</search>", "<answer>not the answer</answer>",
                    "<search>capital city of the country</search>"],
 }
+_LINK = re.compile(r"\[(\d+)\] link '")
+
+
+def _action(env: str, step: int, observation: str) -> str:
+    if env != "webarena":
+        return ACTIONS[env][step % len(ACTIONS[env])]
+    link = _LINK.search(observation)
+    return "```go_back```" if step % 2 or link is None else f"```click [{link.group(1)}]```"
 
 
 def _free_port() -> int:
@@ -55,7 +68,6 @@ def _stats(path: str, concurrency: int, steps: int, wall: float, latencies: list
 
 
 def _per_request(url: str, env: str, concurrency: int, steps: int) -> dict:
-    actions = ACTIONS[env]
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
@@ -66,14 +78,15 @@ def _per_request(url: str, env: str, concurrency: int, steps: int) -> dict:
         own: list[float] = []
         try:
             iid = session.post(f"{url}/create").json()["id"]
-            session.post(f"{url}/reset", json={"id": iid, "data_idx": k})
+            out = session.post(f"{url}/reset", json={"id": iid, "data_idx": k}).json()
             phase.wait()
             for s in range(steps):
                 t = time.perf_counter()
-                out = session.post(f"{url}/step", json={"id": iid, "action": actions[s % len(actions)]}).json()
+                action = _action(env, s, out["observation"])
+                out = session.post(f"{url}/step", json={"id": iid, "action": action}).json()
                 own.append(time.perf_counter() - t)
                 if out.get("done"):
-                    session.post(f"{url}/reset", json={"id": iid, "data_idx": k})
+                    out = session.post(f"{url}/reset", json={"id": iid, "data_idx": k}).json()
             phase.wait()
             session.post(f"{url}/close", json={"id": iid})
         except (requests.RequestException, KeyError, ValueError, threading.BrokenBarrierError):
@@ -100,24 +113,25 @@ def _per_request(url: str, env: str, concurrency: int, steps: int) -> dict:
 
 
 def _batched(url: str, env: str, concurrency: int, steps: int) -> dict:
-    actions = ACTIONS[env]
     client = EnvClient([url])
     latencies, errors, done_steps = [], 0, 0
     t0 = t1 = time.perf_counter()
     try:
         handles = client.create(concurrency)
         idxs = list(range(concurrency))
-        client.reset(handles, idxs)
+        results = client.reset(handles, idxs)
         t0 = time.perf_counter()
         for s in range(steps):
             t = time.perf_counter()
-            results = client.step(handles, [actions[s % len(actions)]] * concurrency)
+            results = client.step(handles, [_action(env, s, r.get("observation", "")) for r in results])
             latencies.append(time.perf_counter() - t)
             errors += sum("error" in r for r in results)
             done_steps += sum("error" not in r for r in results)
             finished = [i for i, r in enumerate(results) if r.get("done")]
             if finished:
-                client.reset([handles[i] for i in finished], [idxs[i] for i in finished])
+                again = client.reset([handles[i] for i in finished], [idxs[i] for i in finished])
+                for i, r in zip(finished, again):
+                    results[i] = r
         t1 = time.perf_counter()
         client.close(handles)
     except EnvServerError:
@@ -131,12 +145,47 @@ def _rss(url: str) -> int:
     return requests.get(f"{url}/health", timeout=30).json()["rss_bytes"]
 
 
+def _tree_memory(pid: int) -> dict:
+    """PSS (shared pages split between the processes sharing them) and RSS summed over a process
+    and its descendants: Chromium's renderers share most of their pages."""
+    pss = rss = 0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            info = proc.memory_full_info()
+            pss, rss = pss + info.pss, rss + info.rss
+    return {"pss_bytes": pss, "rss_bytes": rss}
+
+
+def _context_memory(url: str, pid: int, n: int) -> dict:
+    """What one live WebArena instance (a browser context with its start page) adds to the server."""
+    client = EnvClient([url])
+    try:
+        idle = _tree_memory(pid)
+        handles = client.create(n)
+        results = client.reset(handles, list(range(n)))
+        time.sleep(1)  # renderers settle after the load event
+        live = _tree_memory(pid)
+        client.close(handles)
+    finally:
+        client.shutdown()
+    per = {k: (live[k] - idle[k]) / n for k in idle}
+    print(f"webarena: {n} live contexts add {per['pss_bytes'] / 2**20:.1f} MiB PSS ({per['rss_bytes'] / 2**20:.1f} "
+          f"MiB RSS summed over processes) each; server tree {idle['pss_bytes'] / 2**20:.0f} MiB PSS with none",
+          flush=True)
+    return {"instances": n, "errors": sum("error" in r for r in results), "idle": idle, "live": live,
+            "per_instance_pss_bytes": round(per["pss_bytes"]), "per_instance_rss_bytes": round(per["rss_bytes"])}
+
+
 @contextlib.contextmanager
-def _serving(command: list[str]):
-    """`agentgym-mega COMMAND --port P` running; yields its URL once healthy."""
+def _serving(command: list[str], process: list | None = None):
+    """`agentgym-mega COMMAND --port P` running; yields its URL once healthy (its pid appended to
+    `process` when given)."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "agentgym_mega.cli", *command, "--port", str(port)])
+    if process is not None:
+        process.append(server.pid)
     try:
         wait_healthy(url)
         yield url
@@ -176,7 +225,8 @@ def run(env: str, concurrencies: list[int], steps: int = 20) -> dict:
         retriever = stack.enter_context(_shipped_retriever()) if env == "deepsearch" else None
         if retriever:
             server += ["--option", f"retriever_url={retriever}"]
-        url = stack.enter_context(_serving(server))
+        pid: list[int] = []
+        url = stack.enter_context(_serving(server, pid))
         report = {"env": env, "steps_per_episode": steps, "server_rss_before_bytes": _rss(url), "results": []}
         for c in concurrencies:
             for measure in (_per_request, _batched):
@@ -186,6 +236,8 @@ def run(env: str, concurrencies: list[int], steps: int = 20) -> dict:
                       f"p50 {row['step_latency_p50_ms']:>8.2f} ms  p99 {row['step_latency_p99_ms']:>8.2f} ms  "
                       f"errors {row['errors']}", flush=True)
         report["server_rss_after_bytes"] = _rss(url)
+        if env == "webarena":
+            report["memory_per_instance"] = _context_memory(url, pid[0], max(concurrencies))
         if retriever:
             report["retriever"] = _retriever_rates(retriever)
     speed = {(r["concurrency"], r["path"]): r["steps_per_s"] for r in report["results"]}

@@ -34,3 +34,13 @@ def test_bench_env_deepsearch_reports_the_retrievers_rates_beside_the_steps(tmp_
     assert rates["queries"] == len(tasks.load(options.DATA_DIR))
     assert rates["batched_qps"] > 0 and rates["single_qps"] > 0
     assert 0 < rates["single_p50_ms"] <= rates["single_p99_ms"]
+
+
+def test_bench_env_webarena_measures_what_a_live_context_costs(tmp_path):
+    report = _bench(tmp_path, "webarena", "2")
+    assert [(r["path"], r["steps"], r["errors"]) for r in report["results"]] == [("per_request", 6, 0),
+                                                                                 ("batched", 6, 0)]
+    memory = report["memory_per_instance"]
+    assert memory["instances"] == 2 and memory["errors"] == 0
+    assert memory["live"]["pss_bytes"] > memory["idle"]["pss_bytes"] > 0
+    assert 0 < memory["per_instance_pss_bytes"] <= memory["per_instance_rss_bytes"]
