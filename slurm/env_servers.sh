@@ -1,10 +1,11 @@
 #!/bin/bash
 # A standalone fleet of environment servers on CPU nodes, for training runs that reach them by URL:
 #
-#   sbatch --nodes=2 --ntasks-per-node=8 slurm/env_servers.sh babyai|textcraft|sciworld|deepsearch [--option K=V ...]
+#   sbatch --nodes=2 --ntasks-per-node=8 slurm/env_servers.sh babyai|textcraft|sciworld|deepsearch|webarena [--option K=V ...]
 #
 # Arguments after the environment go to every `agentgym-mega env-server` (Deep Search's retriever:
-# --option retriever_url=http://<retriever node>:8000 --option data_dir=/data/flashrag).
+# --option retriever_url=http://<retriever node>:8000 --option data_dir=/data/flashrag; WebArena's
+# sites and tasks: --site shopping=http://<shop node>:7770 --option tasks=/data/webarena/config_files).
 # Each node serves SLURM_NTASKS_PER_NODE servers on ports ENV_BASE_PORT (36001), +1, ..., bound
 # to the node's address, with one shared secret that every request but GET /health must carry.
 # Once all answer, logs/<job id>/env_urls.txt holds their URLs, env_servers.yaml the override to
@@ -27,7 +28,7 @@ cd "${SLURM_SUBMIT_DIR:-.}"
 # shellcheck source=slurm/common.sh
 source slurm/common.sh
 
-env_name=${1:?usage: sbatch slurm/env_servers.sh babyai|textcraft|sciworld|deepsearch [--option K=V ...]}
+env_name=${1:?usage: sbatch slurm/env_servers.sh babyai|textcraft|sciworld|deepsearch|webarena [--option K=V ...]}
 server_args=("${@:2}")
 per_node=${SLURM_NTASKS_PER_NODE:-1}
 per_node=${per_node%%(*}  # "4(x2)" -> 4

@@ -178,7 +178,7 @@ def test_contexts_are_closed_over_200_episodes(server):
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(episode, range(n)))
 
-    run(20)  # warm: the browser and its renderers are up
+    run(8)  # warm: the browser and its renderers are up
     before, rss_before = requests.get(f"{server.url}/health", timeout=60).json(), _tree_rss(server.proc.pid)
     run(200)
     after, rss_after = requests.get(f"{server.url}/health", timeout=60).json(), _tree_rss(server.proc.pid)
@@ -210,6 +210,30 @@ def test_a_dead_browser_fails_its_instances_and_the_next_one_relaunches_it(tmp_p
         fresh = Episode(served.url)
         assert fresh.reset(0)["observation"].startswith("Objective: ")
         assert requests.get(f"{served.url}/health", timeout=60).json()["browser"]["launches"] == 2
+
+
+def test_a_site_given_by_url_a_dead_judge_and_idle_instances():
+    from envs.webarena.site.server import start_site
+
+    fuzzy = next(t for t in _tasks() if isinstance((t["eval"]["reference_answers"] or {}).get("fuzzy_match"), list))
+    shop, url = start_site()
+    try:
+        with running("webarena", "--site", f"shopping={url}", "--idle-timeout", "1", "--option",
+                     f"judge_url=http://127.0.0.1:{_free_port()}/v1", "--option", "judge_model=gone") as served:
+            episode = Episode(served.url)
+            first = episode.reset(0)
+            assert first["observation"].split("\n")[1].startswith(f"URL: {url}/")
+            # A judge that cannot be reached ends the episode unscored, saying why; the instance goes on.
+            episode.reset(fuzzy["task_id"])
+            unscored = episode.step(f"```stop [{fuzzy['eval']['reference_answers']['fuzzy_match'][0]}]```")
+            assert unscored["done"] and unscored["reward"] == 0.0 and "judge" in unscored["judge_error"]
+            assert episode.reset(0)["observation"].startswith("Objective: ")
+            assert requests.get(f"{served.url}/health", timeout=60).json()["browser"]["contexts"] == 1
+            time.sleep(3)  # past the idle timeout: the sweeper closes the instance and its context
+            health = requests.get(f"{served.url}/health", timeout=60).json()
+            assert (health["instances"], health["browser"]["contexts"], health["browser"]["pages"]) == (0, 0, 0)
+    finally:
+        shop.shutdown()
 
 
 def test_bad_options_stop_the_server_with_a_message(tmp_path):
