@@ -1,6 +1,6 @@
 """Every estimator through the real loop: `agentgym-mega train` on BabyAI (a tiny pretrained base
 that succeeds often enough for rewards to differ), a vLLM engine and megatron-core at TP=2, two
-steps each, then (gae and grpo) a resume from the step-1 checkpoint that must repeat step 2 exactly.
+steps each, then (gae) a resume from the step-1 checkpoint that must repeat step 2 exactly.
 
 What must hold for each: the reference policy equals the actor at step 1 (KL exactly 0), the
 losses are finite, the engine samples what the trainer scores (`rollout/logprob_diff` below
@@ -32,8 +32,9 @@ ESTIMATORS = {
 }
 
 # What a resume restores differs by role, not by estimator: gae has the actor, the reference and
-# the critic, grpo the actor and the reference; the other two would repeat grpo's check.
-RESUMED = ("gae", "grpo")
+# the critic, every other estimator a subset of those, so gae's exact resume covers theirs
+# (tests/e2e/test_train_loop.py resumes a grpo run at the right step and turn cap).
+RESUMED = ("gae",)
 
 
 @pytest.fixture(scope="module")
