@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 
 from playwright.async_api import Browser as PlaywrightBrowser
@@ -93,17 +94,24 @@ class Browser:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
 
-async def accessibility_tree(page, max_chars: int) -> tuple[str, set[int]]:
-    """The visible part of `page` as text, and the element ids it shows (what actions may name)."""
+@contextlib.asynccontextmanager
+async def cdp_session(page):
+    """A Chrome DevTools Protocol session on `page`, detached after use."""
     cdp = await page.context.new_cdp_session(page)
     try:
+        yield cdp
+    finally:
+        await cdp.detach()
+
+
+async def accessibility_tree(page, max_chars: int) -> tuple[str, set[int]]:
+    """The visible part of `page` as text, and the element ids it shows (what actions may name)."""
+    async with cdp_session(page) as cdp:
         tree = await cdp.send("Accessibility.getFullAXTree")
         snapshot = await cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": [], "includeDOMRects": True})
         view = await cdp.send("Runtime.evaluate", {
             "expression": "[window.scrollX, window.scrollY, window.innerWidth, window.innerHeight]",
             "returnByValue": True})
-    finally:
-        await cdp.detach()
     x0, y0, width, height = view["result"]["value"]
     boxes = _boxes(snapshot)
     nodes = {n["nodeId"]: n for n in tree["nodes"]}

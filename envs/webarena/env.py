@@ -24,7 +24,7 @@ from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from envs.environment import InstanceFailed
 from envs.webarena import actions, evaluators
-from envs.webarena.browser import Browser, BrowserTimeout, accessibility_tree
+from envs.webarena.browser import Browser, BrowserTimeout, accessibility_tree, cdp_session
 from envs.webarena.options import Options
 from envs.webarena.tasks import WebTask
 
@@ -176,8 +176,7 @@ class WebArenaEnv:
             return await self._load(page.goto(action.text, wait_until="load", timeout=self._timeout_ms), action.text)
         if name in ("go_back", "go_forward"):
             move = page.go_back if name == "go_back" else page.go_forward
-            note = await self._load(move(wait_until="load", timeout=self._timeout_ms), page.url)
-            return note
+            return await self._load(move(wait_until="load", timeout=self._timeout_ms), page.url)
         return await self._tabs(action)
 
     async def _tabs(self, action: actions.Action) -> str | None:
@@ -208,8 +207,6 @@ class WebArenaEnv:
             if "net::" not in str(exc):
                 raise
             return f"Could not load {url}: {_first_line(exc).split('net::', 1)[1].split()[0]}."
-        if response is None and url == self._page.url:
-            return None
         return _status_note(response)
 
     async def _navigating(self, page, act) -> str | None:
@@ -249,19 +246,15 @@ class WebArenaEnv:
     async def _stop_loading(self, page) -> str:
         """Cancels a navigation past the step's time (a page mid-navigation cannot be read), so the
         tab shows what it showed before, or what had loaded."""
-        cdp = await page.context.new_cdp_session(page)
-        try:
+        async with cdp_session(page) as cdp:
             await cdp.send("Page.stopLoading")
-        finally:
-            await cdp.detach()
         return (f"The page did not finish loading within {self._opts.step_timeout_s:g} s, so loading was "
                 "stopped; this is what the tab shows now.")
 
     # -- the score --------------------------------------------------------------------------
     def _evaluate(self, answer: str) -> evaluators.Outcome:
         task = self._task
-        url = self._run(_url(self._page), self._opts.step_timeout_s)
-        outcome = evaluators.evaluate(task.eval, task.intent, answer, url, self._fetch, self._shared.judge)
+        outcome = evaluators.evaluate(task.eval, task.intent, answer, self._page.url, self._fetch, self._shared.judge)
         if outcome.unjudged:
             with self._shared.lock:
                 self._shared.unjudged += outcome.unjudged
@@ -295,14 +288,12 @@ class WebArenaEnv:
 
 async def _center(page, backend_id: int) -> tuple[float, float] | None:
     """The element's centre in the viewport, scrolled into view first; None when it has no box."""
-    cdp = await page.context.new_cdp_session(page)
-    try:
-        await cdp.send("DOM.scrollIntoViewIfNeeded", {"backendNodeId": backend_id})
-        quads = (await cdp.send("DOM.getContentQuads", {"backendNodeId": backend_id}))["quads"]
-    except PlaywrightError:
-        return None
-    finally:
-        await cdp.detach()
+    async with cdp_session(page) as cdp:
+        try:
+            await cdp.send("DOM.scrollIntoViewIfNeeded", {"backendNodeId": backend_id})
+            quads = (await cdp.send("DOM.getContentQuads", {"backendNodeId": backend_id}))["quads"]
+        except PlaywrightError:
+            return None
     if not quads:
         return None
     quad = quads[0]
@@ -314,10 +305,6 @@ async def _title(page) -> str:
         return await asyncio.wait_for(page.title(), 2)
     except (PlaywrightError, asyncio.TimeoutError):
         return ""
-
-
-async def _url(page) -> str:
-    return page.url
 
 
 def _status_note(response) -> str | None:

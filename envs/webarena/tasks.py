@@ -17,9 +17,9 @@ import json
 import os
 
 from envs.webarena import evaluators
+from envs.webarena.options import SITES
 
-PLACEHOLDERS = {f"__{site.upper()}__": site for site in
-                ("shopping", "shopping_admin", "reddit", "gitlab", "map", "wikipedia", "homepage")}
+PLACEHOLDERS = {f"__{site.upper()}__": site for site in SITES}
 
 
 @dataclasses.dataclass(frozen=True)

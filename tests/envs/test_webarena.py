@@ -5,7 +5,6 @@ instances are isolated and run concurrently; a dead browser fails only its insta
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -16,6 +15,7 @@ import psutil
 import pytest
 import requests
 
+from agentgym_mega.bench.env import _tree_memory
 from envs.webarena.options import SITE_DIR, TASKS
 from tests.conftest import run_cli
 from tests.envs.conftest import _free_port, running
@@ -157,15 +157,6 @@ def test_sixteen_concurrent_instances_keep_their_own_carts(server):
         assert not others, (product["name"], others)
 
 
-def _tree_rss(pid: int) -> int:
-    root = psutil.Process(pid)
-    total = 0
-    for proc in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            total += proc.memory_info().rss
-    return total
-
-
 def test_contexts_are_closed_over_200_episodes(server):
     tasks = len(_tasks())
 
@@ -179,9 +170,12 @@ def test_contexts_are_closed_over_200_episodes(server):
             list(pool.map(episode, range(n)))
 
     run(8)  # warm: the browser and its renderers are up
-    before, rss_before = requests.get(f"{server.url}/health", timeout=60).json(), _tree_rss(server.proc.pid)
+    def state() -> tuple[dict, int]:
+        return requests.get(f"{server.url}/health", timeout=60).json(), _tree_memory(server.proc.pid)["rss_bytes"]
+
+    before, rss_before = state()
     run(200)
-    after, rss_after = requests.get(f"{server.url}/health", timeout=60).json(), _tree_rss(server.proc.pid)
+    after, rss_after = state()
     assert after["instances"] == before["instances"]
     assert after["browser"]["contexts"] == before["browser"]["contexts"]
     assert after["browser"]["pages"] == before["browser"]["pages"]
