@@ -52,12 +52,15 @@ def _concurrency(text: str) -> list[int]:
     return [parse(item.strip()) for item in text.split(",")]
 
 
-def _transports(text: str) -> list[str]:
-    transports = [t.strip() for t in text.split(",")]
-    unknown = [t for t in transports if t not in _SYNC_TRANSPORTS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown transport(s) {unknown}; allowed: {', '.join(_SYNC_TRANSPORTS)}")
-    return transports
+def _names(allowed: tuple[str, ...], what: str):
+    """An argparse type: a comma list of names from `allowed`, else exit 2 naming the unknown."""
+    def parse(text: str) -> list[str]:
+        names = [t.strip() for t in text.split(",")]
+        unknown = [t for t in names if t not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {unknown}; allowed: {', '.join(allowed)}")
+        return names
+    return parse
 
 
 def _checks(text: str) -> list[str]:
@@ -700,7 +703,8 @@ def _add_bench(sub) -> None:
             "Speed is measured here, never in tests. Each benchmark prints its figures and, with\n"
             "--json PATH, writes them as JSON. Timings on shared CPU machines are indicative.\n"
             "  train     forward+backward tokens/s: megatron actor at TP=1 and TP=2 vs transformers\n"
-            "  rollout   generation tokens/s through the engine wrapper vs vLLM called directly\n"
+            "  rollout   episodes/s of a long-tailed multi-turn workload, lockstep vs async rollout\n"
+            "  engine    generation tokens/s through the engine wrapper vs vLLM called directly\n"
             "  sync      weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity;\n"
             "            or, with --receivers/--transport, zmq vs collective to 1..N receivers\n"
             "  env       environment server steps/s and latency, per-request vs batched\n"
@@ -709,8 +713,8 @@ def _add_bench(sub) -> None:
         ),
     )
     benches = p.add_subparsers(dest="bench", required=True, metavar="<benchmark>")
-    for add in (_add_bench_train, _add_bench_rollout, _add_bench_sync, _add_bench_env, _add_bench_learn,
-                _add_bench_startup):
+    for add in (_add_bench_train, _add_bench_rollout, _add_bench_engine, _add_bench_sync, _add_bench_env,
+                _add_bench_learn, _add_bench_startup):
         add(benches)
 
 
@@ -742,11 +746,40 @@ def _add_bench_train(benches) -> None:
 def _add_bench_rollout(benches) -> None:
     b = _command(
         benches, "rollout",
-        run=lambda a: _bench("rollout").run(a.model, a.prompts, a.prompt_len, a.max_tokens, a.rounds),
+        run=lambda a: _bench("rollout").run(a.mode, a.workload, a.tasks, a.n_per_task, a.latency_ms, a.repeats,
+                                            a.model),
+        help="episodes/s of a long-tailed multi-turn workload, lockstep vs async rollout",
+        description=(
+            "Runs the same episodes (same tasks, seeds and weights) through each --mode of the rollout\n"
+            "manager and reports a row per mode: episodes_per_s, engine_busy_fraction (the share of\n"
+            "the wall time the engine had a request in flight) and seconds, medians of --repeats runs,\n"
+            "plus the speedup over lockstep and whether every mode returned the same tokens.\n"
+            "Workload `mixed`: the CPU demo's three BabyAI levels with turn caps 2, 4, 6 and 10 in\n"
+            "turn, played by the demo's tiny base policy (pretrained first when missing) through a\n"
+            "real BabyAI server and one vLLM engine, each env step delayed by a log-normal latency\n"
+            "(median --latency-ms, sigma 1, at most 1 s; a batched step waits for its slowest item)."
+        ),
+    )
+    _json_option(b, _BENCH_JSON)
+    b.add_argument("--mode", type=_names(("lockstep", "async"), "mode(s)"), default=["lockstep", "async"],
+                   help="comma-separated modes to compare (default: lockstep,async)")
+    b.add_argument("--workload", choices=["mixed"], default="mixed")
+    b.add_argument("--tasks", type=_COUNT, default=24, help="tasks (groups) per run (default: 24)")
+    b.add_argument("--n-per-task", type=_COUNT, default=4, help="episodes per task (default: 4)")
+    b.add_argument("--latency-ms", type=float, default=40.0,
+                   help="median of the added env step latency, ms; 0 for none (default: 40)")
+    b.add_argument("--repeats", type=_COUNT, default=3)
+    b.add_argument("--model", help="HF model directory (default: the demo's base policy, runs/demo/base)")
+
+
+def _add_bench_engine(benches) -> None:
+    b = _command(
+        benches, "engine",
+        run=lambda a: _bench("engine").run(a.model, a.prompts, a.prompt_len, a.max_tokens, a.rounds),
         help="generation tokens/s through the engine wrapper vs vLLM called directly",
         description=(
             "Runs the same token-id requests through VLLMEngine.generate and through vLLM's\n"
-            "LLM.generate on one engine, alternating rounds with the prefix cache reset, and\n"
+            "AsyncLLM.generate on one engine, alternating rounds with the prefix cache reset, and\n"
             "reports tokens/s of each and the wrapper's overhead in percent."
         ),
     )
@@ -794,7 +827,7 @@ def _add_bench_sync(benches) -> None:
                    help="timed syncs after the first (default 3); megatron mode: each after an optimizer step")
     b.add_argument("--receivers", type=_concurrency, default=None,
                    help="transport mode: comma list of receiver counts (default 1,2,4)")
-    b.add_argument("--transport", type=_transports, default=None,
+    b.add_argument("--transport", type=_names(_SYNC_TRANSPORTS, "transport(s)"), default=None,
                    help=f"transport mode: comma list of {', '.join(_SYNC_TRANSPORTS)} (default both)")
     b.add_argument("--size-mb", type=_COUNT, default=None,
                    help="transport mode: synthetic model size in MiB (default 256)")

@@ -100,10 +100,36 @@ class RolloutConfig:
     max_tokens_per_turn: StrictInt = 512
     max_model_len: StrictInt = 8192
     gpu_memory_utilization: float = 0.6
+    # async: each episode generates and steps on its own, engines batching whatever is in flight;
+    # lockstep: every turn one batched generate for all running episodes, then one batched env
+    # step. Same seeds, same trajectories; async does not wait for the slowest of each turn.
+    mode: Literal["lockstep", "async"] = "async"
+    # An episode past this many seconds from its first turn, or whose env step gets no answer
+    # within env_step_timeout_s, ends with status `timeout` (counted, not trained on); null: none.
+    episode_timeout_s: Optional[float] = None
+    env_step_timeout_s: Optional[float] = None
+    # async: env steps ready within this many ms of each other go to their server as one /batch
+    # (the episodes one engine step finished); 0 sends each step alone.
+    env_group_window_ms: float = 2.0
+    # DAPO's dynamic sampling: groups whose samples all scored the same carry no signal for
+    # GRPO/RLOO; keep drawing tasks until the batch holds trainer.batch_size groups with spread,
+    # drawing at most dynamic_sampling_max_draws * trainer.batch_size groups per step (then the
+    # batch is filled with flat groups, and the step's metrics say how many).
+    dynamic_sampling: StrictBool = False
+    dynamic_sampling_max_draws: float = 3.0
 
     def __post_init__(self):
         for key in ("engine_tp", "num_engines", "n_per_task", "max_tokens_per_turn"):
             _require(getattr(self, key) >= 1, f"rollout.{key}", getattr(self, key), "an integer >= 1")
+        for key in ("episode_timeout_s", "env_step_timeout_s"):
+            value = getattr(self, key)
+            _require(value is None or value > 0, f"rollout.{key}", value, "a number of seconds > 0, or null")
+        _require(self.env_group_window_ms >= 0, "rollout.env_group_window_ms", self.env_group_window_ms,
+                 "a number of milliseconds >= 0")
+        _require(self.dynamic_sampling_max_draws >= 1, "rollout.dynamic_sampling_max_draws",
+                 self.dynamic_sampling_max_draws, "a number >= 1 (times trainer.batch_size groups)")
+        _require(not self.dynamic_sampling or self.n_per_task >= 2, "rollout.dynamic_sampling", True,
+                 f"only with rollout.n_per_task >= 2 (here {self.n_per_task}): one sample has no spread")
         # Greedy decoding has no sampling distribution: PPO's ratio against it (and the trainer's
         # logits / temperature) would be undefined.
         _require(self.temperature > 0, "rollout.temperature", self.temperature,

@@ -3,7 +3,8 @@ task at the run's temperature, the environment's evaluation turn cap, and Avg@n 
 score, on [0, 1] for every environment: the paper's SciWorld figures are these times 100),
 Pass@n (share of tasks with a sample scoring above 0, as the paper defines it) and the success
 rate (share of samples the environment calls successful), overall and per category. Episodes
-that ended on an env error are left out of all three and counted in `env_errors`."""
+that ended on an env error or a timeout are left out of all three and counted in `env_errors`
+and `timeouts`."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import envs
 def _scores(episodes) -> dict:
     by_task: dict[int, list] = {}
     for e in episodes:
-        if e.status != "env_error":
+        if e.trained:
             by_task.setdefault(e.task_id, []).append(e)
     samples = [e for eps in by_task.values() for e in eps]
     n = max(1, len(samples))
@@ -39,6 +40,7 @@ def summarize(episodes, n: int) -> dict:
         "overall": _scores(episodes),
         "categories": {c: _scores(eps) for c, eps in sorted(categories.items())},
         "env_errors": sum(e.status == "env_error" for e in episodes),
+        "timeouts": sum(e.status == "timeout" for e in episodes),
     }
 
 

@@ -10,10 +10,11 @@ from contextlib import contextmanager
 
 def episode_metrics(batch) -> dict:
     """Reward, success, turns, lengths and how episodes ended, over a rollout batch. Reward,
-    success and group spread cover only the episodes that did not end on an env error (those
-    are counted in `episode/env_errors`, and trained on by nobody)."""
+    success and group spread cover only the trained episodes (those that ended on an env error
+    or a timeout are counted in `episode/env_errors` and `episode/timeouts`, and trained on by
+    nobody)."""
     episodes = batch.episodes
-    valid = [e for e in episodes if e.status != "env_error"]
+    valid = [e for e in episodes if e.trained]
     n, n_valid = max(1, len(episodes)), max(1, len(valid))
     count = lambda status: sum(e.status == status for e in episodes)  # noqa: E731
     groups: dict[int, list[float]] = {}
@@ -30,6 +31,7 @@ def episode_metrics(batch) -> dict:
         "episode/horizon": count("horizon"),
         "episode/truncated": count("truncated"),
         "episode/env_errors": count("env_error"),
+        "episode/timeouts": count("timeout"),
     }
 
 

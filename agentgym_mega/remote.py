@@ -7,14 +7,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 
-def call_async(pool: ThreadPoolExecutor, target, method: str, *args, **kwargs) -> Callable[[], object]:
+def call_async(pool: ThreadPoolExecutor, target, method: str, *args, **kwargs) -> Callable[..., object]:
     """Starts `target.method(*args, **kwargs)` without waiting; returns a function that waits for
-    the result. A Ray actor handle runs it in its own process, an in-process object on `pool`."""
+    the result, `wait(timeout=None)`, raising TimeoutError past `timeout` seconds. A Ray actor
+    handle runs it in its own process, an in-process object on `pool`."""
     bound = getattr(target, method)
     remote = getattr(bound, "remote", None)
     if remote is not None:
         import ray
 
         ref = remote(*args, **kwargs)
-        return lambda: ray.get(ref)
+        return lambda timeout=None: ray.get(ref, timeout=timeout)  # GetTimeoutError is a TimeoutError
     return pool.submit(bound, *args, **kwargs).result

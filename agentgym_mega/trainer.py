@@ -20,6 +20,7 @@ from agentgym_mega.errors import BadInput
 from agentgym_mega.evaluation import Evaluator
 from agentgym_mega.metrics import MetricsLogger, Timer, episode_metrics, plot_rewards, sync_metrics
 from agentgym_mega.models import checkpoint
+from agentgym_mega.rollout.dynamic_sampling import collect_batch
 from agentgym_mega.rollout.tasks import TaskSampler, select_tasks
 from agentgym_mega.stack import Stack
 
@@ -136,8 +137,7 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
             timer = Timer()
             turn_cap = algorithms.turn_cap(step, cfg.horizon)
             with timer("rollout"):
-                batch = stack.rollout.collect(sampler.next(cfg.trainer.batch_size), cfg.rollout.n_per_task, turn_cap,
-                                              seed=(cfg.trainer.seed, step) if cfg.rollout.seeded else None)
+                batch, rollout_metrics = collect_batch(stack.rollout, sampler, cfg, step, turn_cap)
             stack.engines_sleep()
             stack.trainers_restore()
             with timer("logprob"):
@@ -157,7 +157,7 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
             stack.trainers_release()
             stack.engines_wake(("kv_cache",))
             tokens = int(batch.attention_mask.sum())
-            metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | stack.rollout.timings
+            metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | rollout_metrics
                        | sync_metrics(synced) | {"sync/engines_dropped": stack.dropped_engines}
                        | {"horizon/turn_cap": turn_cap, "perf/tokens_per_s": tokens / sum(timer.seconds.values()),
                           "perf/tokens": tokens, "cluster/nodes": nodes["all"],

@@ -178,7 +178,7 @@ def _context_memory(url: str, pid: int, n: int) -> dict:
 
 
 @contextlib.contextmanager
-def _serving(command: list[str], process: list | None = None):
+def serving(command: list[str], process: list | None = None):
     """`agentgym-mega COMMAND --port P` running; yields its URL once healthy (its pid appended to
     `process` when given)."""
     port = _free_port()
@@ -202,7 +202,7 @@ def _shipped_retriever():
 
     with tempfile.TemporaryDirectory(prefix="bench-retriever-") as tmp:
         build_index(os.path.join(DATA_DIR, PASSAGES), os.path.join(tmp, "index"), progress=False)
-        with _serving(["retriever", "serve", "--index", os.path.join(tmp, "index")]) as url:
+        with serving(["retriever", "serve", "--index", os.path.join(tmp, "index")]) as url:
             yield url
 
 
@@ -226,7 +226,7 @@ def run(env: str, concurrencies: list[int], steps: int = 20) -> dict:
         if retriever:
             server += ["--option", f"retriever_url={retriever}"]
         pid: list[int] = []
-        url = stack.enter_context(_serving(server, pid))
+        url = stack.enter_context(serving(server, pid))
         report = {"env": env, "steps_per_episode": steps, "server_rss_before_bytes": _rss(url), "results": []}
         for c in concurrencies:
             for measure in (_per_request, _batched):

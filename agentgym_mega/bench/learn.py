@@ -28,7 +28,7 @@ def overrides(estimator: str, steps: int, output_dir: str) -> list[str]:
             f"trainer.save_freq={steps}", f"trainer.output_dir={output_dir}"]
 
 
-def _ensure_base(cfg) -> None:
+def ensure_base(cfg) -> None:
     if os.path.isfile(os.path.join(cfg.model.path, "config.json")):
         return
     from agentgym_mega import cli
@@ -43,7 +43,7 @@ def run(estimator: str, steps: int, output_dir: str) -> dict:
     from agentgym_mega.trainer import train
 
     cfg = load_config(DEMO_CONFIG, overrides(estimator, steps, output_dir))
-    _ensure_base(cfg)
+    ensure_base(cfg)
     if os.path.exists(os.path.join(output_dir, "metrics.jsonl")):
         raise RuntimeError(f"{output_dir} already holds a run: remove it or pass --output-dir")
     train(cfg)

@@ -11,6 +11,9 @@ import dataclasses
 
 import torch
 
+# Statuses of episodes that say nothing about the policy: counted, never trained on.
+UNTRAINED = ("env_error", "timeout")
+
 
 @dataclasses.dataclass
 class Episode:
@@ -21,10 +24,15 @@ class Episode:
     success: bool  # what the environment calls success (envs.server: success)
     turns: int
     # "done": the env said done; "horizon": the turn cap ended it; "truncated": the context
-    # limit (max_model_len) ended it; "env_error": the env server failed (left out of training).
+    # limit (max_model_len) ended it; "env_error": the env server failed; "timeout": the episode's
+    # wall-clock limit or an env step's timeout ended it (the last two are UNTRAINED).
     status: str
     response_tokens: int  # tokens the policy generated (the loss-masked ones)
     error: str | None = None
+
+    @property
+    def trained(self) -> bool:
+        return self.status not in UNTRAINED
 
 
 @dataclasses.dataclass
@@ -45,8 +53,8 @@ class TrajectoryBatch:
 
     @property
     def valid(self) -> torch.Tensor:
-        """[B] bool: episodes that say something about the policy (not ended by an env error)."""
-        return torch.tensor([e.status != "env_error" for e in self.episodes], dtype=torch.bool)
+        """[B] bool: episodes that say something about the policy (not UNTRAINED)."""
+        return torch.tensor([e.trained for e in self.episodes], dtype=torch.bool)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -67,3 +75,21 @@ class TrajectoryBatch:
             raise ValueError(f"a batch of {len(self)} does not split into {parts} equal parts")
         size = len(self) // parts
         return [self.select(slice(i * size, (i + 1) * size)) for i in range(parts)]
+
+    @classmethod
+    def concat(cls, batches: list["TrajectoryBatch"], pad_id: int) -> "TrajectoryBatch":
+        """The rows of `batches` in order, right-padded to the widest (ids with `pad_id`, the
+        rest with 0); only the token fields a rollout fills may be set."""
+        width = max(b.input_ids.shape[1] for b in batches)
+        fields = {}
+        for name in ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs", "rewards"):
+            fill = pad_id if name == "input_ids" else 0
+            fields[name] = torch.cat([torch.nn.functional.pad(getattr(b, name), (0, width - b.input_ids.shape[1]),
+                                                              value=fill) for b in batches])
+        late = [n for n in ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
+                if any(getattr(b, n) is not None for b in batches)]
+        if late:
+            raise ValueError(f"concat takes rollout batches; these have {', '.join(late)} already")
+        return cls(**fields, group_ids=torch.cat([b.group_ids for b in batches]),
+                   scores=torch.cat([b.scores for b in batches]),
+                   episodes=[e for b in batches for e in b.episodes])

@@ -37,7 +37,12 @@ class EnvRequestRejected(EnvServerError):
     """A server answered a whole request with a 4xx status: the request itself is wrong."""
 
 
+class EnvTimeout(EnvServerError):
+    """A server did not answer within the call's timeout."""
+
+
 MISSING_ID = -1  # no server issues it
+TIMEOUT_STATUS = 504  # the per-item status of operations whose server did not answer in time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +79,12 @@ class EnvClient:
     def reset(self, handles: list[Handle], data_idxs: list[int]) -> list[dict]:
         return self._run([(h.server, {"op": "reset", "id": h.id, "data_idx": d}) for h, d in zip(handles, data_idxs)])
 
-    def step(self, handles: list[Handle], actions: list[str]) -> list[dict]:
-        """Actions may be whole model replies: servers act on the text after the last `Action:`."""
-        return self._run([(h.server, {"op": "step", "id": h.id, "action": a}) for h, a in zip(handles, actions)])
+    def step(self, handles: list[Handle], actions: list[str], timeout: float | None = None) -> list[dict]:
+        """Actions may be whole model replies: servers act on the text after the last `Action:`.
+        `timeout`: seconds to wait for a server's answer (default: the client's); the items of a
+        server that did not answer in time come back with status TIMEOUT_STATUS."""
+        return self._run([(h.server, {"op": "step", "id": h.id, "action": a}) for h, a in zip(handles, actions)],
+                         timeout)
 
     def close(self, handles: list[Handle]) -> list[dict]:
         return self._run([(h.server, {"op": "close", "id": h.id}) for h in handles])
@@ -90,9 +98,10 @@ class EnvClient:
         self._fan.shutdown(wait=False)
 
     # -- transport ----------------------------------------------------------------------------
-    def _run(self, items: list[tuple[int, dict]]) -> list[dict]:
+    def _run(self, items: list[tuple[int, dict]], timeout: float | None = None) -> list[dict]:
         """/batch calls to every server at once (several per server past its limits, one after
-        another); results in the order of `items`."""
+        another); results in the order of `items`. Items of one server (an episode's own step)
+        are sent from the calling thread, so concurrent callers do not queue for the fan-out."""
         by_server: dict[int, list[int]] = {}
         for pos, (server, _) in enumerate(items):
             by_server.setdefault(server, []).append(pos)
@@ -113,17 +122,22 @@ class EnvClient:
                 if unavailable is None:
                     body = b'{"ops":[' + b",".join(encoded[p] for p in positions) + b"]}"
                     try:
-                        answer = self._post(self.urls[server], "/batch", body)["results"]
+                        answer = self._post(self.urls[server], "/batch", body, timeout)["results"]
                     except EnvRequestRejected:
                         raise
+                    except EnvTimeout as exc:
+                        unavailable = {"error": str(exc), "status": TIMEOUT_STATUS}
                     except EnvServerError as exc:
                         # A dead or broken server costs its own episodes, never the round.
                         unavailable = {"error": f"environment server unavailable: {exc}", "status": 503}
                 for p, r in zip(positions, answer or [unavailable] * len(positions)):
                     results[p] = r
 
-        for future in [self._fan.submit(send, s) for s in by_server]:
-            future.result()
+        if len(by_server) == 1:
+            send(next(iter(by_server)))
+        else:
+            for future in [self._fan.submit(send, s) for s in by_server]:
+                future.result()
         return results
 
     def _session(self) -> requests.Session:
@@ -132,9 +146,12 @@ class EnvClient:
             self._local.session.headers.update(self._headers)
         return self._local.session
 
-    def _post(self, url: str, path: str, body: bytes) -> dict:
+    def _post(self, url: str, path: str, body: bytes, timeout: float | None = None) -> dict:
+        timeout = self.timeout if timeout is None else timeout
         try:
-            resp = self._session().post(url + path, data=body, timeout=self.timeout)
+            resp = self._session().post(url + path, data=body, timeout=timeout)
+        except requests.Timeout:
+            raise EnvTimeout(f"{url}{path}: no answer within {timeout:g} s") from None
         except requests.RequestException as exc:
             raise EnvServerError(f"{url}{path}: {exc}") from None
         return _json(resp, url + path)
@@ -145,6 +162,56 @@ class EnvClient:
         except requests.RequestException as exc:
             raise EnvServerError(f"{url}{path}: {exc}") from None
         return _json(resp, url + path)
+
+
+class StepGroups:
+    """Env steps from independent callers (the episodes of an async rollout), each server's sent
+    as one /batch when they arrive within `window_s` of its first: the episodes that one engine
+    step finished reach their server in one round trip instead of one each. A group is answered
+    when its slowest step is; `window_s` 0 sends every step alone."""
+
+    def __init__(self, env: EnvClient, window_s: float):
+        self.env, self.window_s = env, window_s
+        self._lock = threading.Lock()
+        self._forming: dict[int, list] = {}  # server -> [(handle, action, timeout, slot)]
+
+    def step(self, handle: Handle, action: str, timeout: float | None = None) -> dict:
+        if self.window_s <= 0:
+            return self.env.step([handle], [action], timeout)[0]
+        slot: dict = {"answered": threading.Event()}
+        with self._lock:
+            leader = handle.server not in self._forming
+            group = self._forming.setdefault(handle.server, [])
+            group.append((handle, action, timeout, slot))
+        if leader:  # the first step of a group waits the window out, then sends the group
+            time.sleep(self.window_s)
+            with self._lock:
+                group = self._forming.pop(handle.server)
+            self._send(group)
+        slot["answered"].wait()
+        if "raised" in slot:
+            raise slot["raised"]
+        return slot["result"]
+
+    def _send(self, group: list) -> None:
+        limits = [t for _, _, t, _ in group]
+        start = time.monotonic()
+        try:
+            results = self.env.step([h for h, _, _, _ in group], [a for _, a, _, _ in group],
+                                    None if None in limits else max(limits))
+        except Exception as exc:  # a rejected request: every caller of the group sees it
+            results = [exc] * len(group)
+        took = time.monotonic() - start
+        for (_, _, limit, slot), result in zip(group, results):
+            if isinstance(result, Exception):
+                slot["raised"] = result
+            elif limit is not None and took > limit and "error" not in result:
+                # Answered, but later than this step's own limit (the group's was longer).
+                slot["result"] = {"error": f"no answer within {limit:g} s (its group took {took:.1f} s)",
+                                  "status": TIMEOUT_STATUS}
+            else:
+                slot["result"] = result
+            slot["answered"].set()
 
 
 def _json(resp: requests.Response, where: str) -> dict:

@@ -1,4 +1,13 @@
-"""Multi-turn episodes in bulk: one batched generate per round, one batched env step per server.
+"""Multi-turn episodes in bulk, in one of two modes (`rollout.mode`):
+
+- lockstep: one batched generate per round for every running episode, then one batched env step
+  per server; each round waits for its slowest generation and its slowest env step.
+- async: every episode advances on its own thread: its env step is sent as soon as its
+  generation returns, its next request goes to its engine (which batches whatever is in flight)
+  as soon as the observation is back.
+
+Both sample every request with the same seed and token budget, so for the same weights they
+return the same trajectories.
 
 Token bookkeeping is the point of this module. The ids a rollout returns are exactly what the
 engine saw and sampled: assistant tokens are kept as sampled (never re-tokenised from text), and
@@ -7,16 +16,19 @@ only the observation turns in between are tokenised here, with the model's own c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from agentgym_mega.remote import call_async
-from agentgym_mega.rollout.batch import Episode, TrajectoryBatch
+from agentgym_mega.rollout.batch import UNTRAINED, Episode, TrajectoryBatch
 from agentgym_mega.rollout.engines import SamplingConfig
+from agentgym_mega.rollout.env_client import TIMEOUT_STATUS, StepGroups
 from envs.environment import Task
 
 
@@ -34,6 +46,7 @@ class _Live:
     group_id: int
     engine: int
     index: int  # position in its collect()
+    max_turns: int
     ids: list[int] = dataclasses.field(default_factory=list)
     mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -42,6 +55,7 @@ class _Live:
     success: bool = False
     status: str | None = None  # set when the episode ends
     error: str | None = None
+    deadline: float | None = None  # time.monotonic() past which it ends as "timeout"; set at its first turn
 
     def add(self, ids, sampled: bool, logprobs=None):
         self.ids += ids
@@ -52,6 +66,44 @@ class _Live:
 _REPLY = "\x00REPLY\x00"
 # A finished exchange to render the template around: what follows it is the next turn's markup.
 _PROBE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _REPLY}]
+
+
+MODES = ("lockstep", "async")
+MAX_EPISODE_THREADS = 512  # an async collect's episodes in flight at once; more wait their turn
+ENV_GROUP_WINDOW_S = 0.002  # rollout.env_group_window_ms's default
+
+
+class BusyClock:
+    """Wall time during which at least one call of each key is in flight (an engine generating,
+    an env server stepping), over overlapping calls from many threads."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._open: dict[object, tuple[int, float]] = {}  # key -> (calls in flight, since)
+        self.busy: dict[object, float] = {}
+
+    def start(self, *keys) -> None:
+        with self._lock:
+            for key in keys:
+                n, since = self._open.get(key, (0, time.perf_counter()))
+                self._open[key] = (n + 1, since)
+
+    def stop(self, *keys) -> None:
+        with self._lock:
+            for key in keys:
+                n, since = self._open.pop(key)
+                if n > 1:
+                    self._open[key] = (n - 1, since)
+                else:
+                    self.busy[key] = self.busy.get(key, 0.0) + time.perf_counter() - since
+
+    @contextlib.contextmanager
+    def span(self, *keys):
+        self.start(*keys)
+        try:
+            yield
+        finally:
+            self.stop(*keys)
 
 
 class ChatTurns:
@@ -106,15 +158,22 @@ def instruction_for(env_cfg) -> str | None:
 class RolloutManager:
     @classmethod
     def from_config(cls, cfg, engines: list, env, tokenizer) -> "RolloutManager":
-        """The manager a run's config describes: its sampling, context limit and instruction
-        (training and evaluation build theirs here, so both see the same episodes)."""
-        sampling = SamplingConfig(cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.max_tokens_per_turn)
-        return cls(engines, env, tokenizer, sampling, cfg.rollout.max_model_len, instruction_for(cfg.env))
+        """The manager a run's config describes: its sampling, context limit, instruction, mode
+        and time limits (training and evaluation build theirs here, so both see the same
+        episodes)."""
+        r = cfg.rollout
+        sampling = SamplingConfig(r.temperature, r.top_p, r.max_tokens_per_turn)
+        return cls(engines, env, tokenizer, sampling, r.max_model_len, instruction_for(cfg.env), mode=r.mode,
+                   episode_timeout_s=r.episode_timeout_s, env_step_timeout_s=r.env_step_timeout_s,
+                   env_group_window_s=r.env_group_window_ms / 1000)
 
     def __init__(self, engines: list, env, tokenizer, sampling: SamplingConfig, max_model_len: int,
-                 instruction: str | None = None):
+                 instruction: str | None = None, mode: str = "async", episode_timeout_s: float | None = None,
+                 env_step_timeout_s: float | None = None, env_group_window_s: float = ENV_GROUP_WINDOW_S):
         if not engines:
             raise ValueError("RolloutManager needs at least one engine")
+        if mode not in MODES:
+            raise ValueError(f"rollout mode {mode!r}: expected one of {', '.join(MODES)}")
         self.engines = engines
         self.env = env
         self.turns = ChatTurns(tokenizer, instruction)
@@ -122,25 +181,36 @@ class RolloutManager:
         stop = tuple(sorted(set(sampling.stop_token_ids) | {self.turns.eos_id}))
         self.sampling = dataclasses.replace(sampling, stop_token_ids=stop)
         self.max_model_len = max_model_len
-        self._pool = ThreadPoolExecutor(len(engines))
+        self.mode = mode
+        self.episode_timeout_s, self.env_step_timeout_s = episode_timeout_s, env_step_timeout_s
+        self._steps = StepGroups(env, env_group_window_s)  # async episodes' steps, grouped per server
+        # In-process engines run here: one thread per call in flight (an async collect has many).
+        self._pool = ThreadPoolExecutor(MAX_EPISODE_THREADS)
+        self._tokenizing = threading.Lock()  # one tokenizer shared by the episodes' threads
         self._seed: tuple[int, ...] | None = None  # of the collect() running
-        self.timings: dict[str, float] = {}  # seconds per phase of the last collect()
-
+        self._clock = BusyClock()
+        self.timings: dict[str, float] = {}  # the last collect(): seconds and the engines' busy share
 
     def use_engines(self, engines: list) -> None:
-        """The engines in rotation from the next round on (a failed engine taken out)."""
+        """The engines in rotation from the next collect on (a failed engine taken out)."""
         if not engines:
             raise ValueError("RolloutManager needs at least one engine")
         self.engines = list(engines)
-    def collect(self, tasks: list[Task], n_per_task: int, max_turns: int,
+
+    def collect(self, tasks: list[Task], n_per_task: int, max_turns: int | list[int],
                 seed: tuple[int, ...] | None = None) -> TrajectoryBatch:
-        """Runs `n_per_task` episodes of every task, each capped at `max_turns` assistant turns.
-        With a `seed` (e.g. (trainer seed, step)) every request is sampled with its own
-        :func:`request_seed`: the same weights then give the same episodes."""
-        self.timings = {"time/generate_s": 0.0, "time/env_s": 0.0}
-        self._seed = seed
-        live = [_Live(task, group, i % len(self.engines), i)
+        """Runs `n_per_task` episodes of every task, each capped at `max_turns` assistant turns
+        (one cap for all, or one per task). With a `seed` (e.g. (trainer seed, step)) every
+        request is sampled with its own :func:`request_seed`: the same weights then give the
+        same episodes, in either mode."""
+        caps = [max_turns] * len(tasks) if isinstance(max_turns, int) else list(max_turns)
+        if len(caps) != len(tasks):
+            raise ValueError(f"{len(caps)} turn caps for {len(tasks)} tasks")
+        self._seed, self._clock = seed, BusyClock()
+        engines = list(self.engines)
+        live = [_Live(task, group, i % len(engines), i, caps[group])
                 for i, (group, task) in enumerate((g, t) for g, t in enumerate(tasks) for _ in range(n_per_task))]
+        start = time.perf_counter()
         handles = self.env.create(len(live))
         try:
             for ep, result in zip(live, self.env.reset(handles, [ep.task.id for ep in live])):
@@ -148,72 +218,130 @@ class RolloutManager:
                     ep.status, ep.error = "env_error", result["error"]
                 else:
                     ep.add(self.turns.first(result["observation"]), sampled=False)
-            for turn in range(max_turns):
-                running = [i for i, ep in enumerate(live) if ep.status is None]
-                if not running:
-                    break
-                self._round([live[i] for i in running], [handles[i] for i in running], last=turn == max_turns - 1)
+            if self.mode == "async":
+                with ThreadPoolExecutor(max(1, min(len(live), MAX_EPISODE_THREADS))) as episodes:
+                    running = [episodes.submit(self._episode, engines, ep, h) for ep, h in zip(live, handles)]
+                for done in running:
+                    done.result()  # an engine's failure ends the collect, as in lockstep
+            else:
+                for _ in range(max(caps, default=0)):
+                    running = [i for i, ep in enumerate(live) if ep.status is None]
+                    if not running:
+                        break
+                    self._round(engines, [live[i] for i in running], [handles[i] for i in running])
         finally:
             self.env.close(handles)
+        wall = max(time.perf_counter() - start, 1e-9)
+        busy = self._clock.busy
+        self.timings = {"time/generate_s": busy.get("generate", 0.0), "time/env_s": busy.get("env", 0.0),
+                        "rollout/engine_busy_fraction":
+                            sum(busy.get(e, 0.0) for e in range(len(engines))) / (len(engines) * wall)}
         return self._to_batch(live)
 
-    def _generate(self, episodes: list[_Live]) -> list:
-        """Every engine's share of the round at once; each episode stays on its engine so its
-        growing prompt keeps hitting that engine's prefix cache."""
-        groups: dict[int, list[int]] = {}
-        for pos, ep in enumerate(episodes):
-            groups.setdefault(ep.engine, []).append(pos)
-        waits = []
-        for engine, positions in groups.items():
-            # One token budget per request batch: what is left of its fullest context.
-            room = min(self.max_model_len - len(episodes[p].ids) for p in positions)
-            sampling = dataclasses.replace(self.sampling, max_tokens=min(self.sampling.max_tokens, room))
-            prompts = [episodes[p].ids for p in positions]
-            seeds = (None if self._seed is None else
-                     [request_seed(self._seed, episodes[p].index, episodes[p].turns) for p in positions])
-            wait = call_async(self._pool, self.engines[engine], "generate", prompts, sampling, seeds)
-            waits.append((positions, wait))
-        out = [None] * len(episodes)
-        for positions, wait in waits:
-            for p, generation in zip(positions, wait()):
-                out[p] = generation
-        return out
+    # -- both modes ---------------------------------------------------------------------------
+    def _ready(self, ep: _Live) -> bool:
+        """Whether the episode takes another turn: not ended, not out of context, not past its
+        wall-clock limit (which starts at its first turn: async episodes may wait for a thread)."""
+        if ep.deadline is None:
+            ep.deadline = time.monotonic() + self.episode_timeout_s if self.episode_timeout_s else float("inf")
+        if ep.status is None and len(ep.ids) >= self.max_model_len:
+            ep.status = "truncated"
+        if ep.status is None and time.monotonic() >= ep.deadline:
+            ep.status, ep.error = "timeout", f"the episode's {self.episode_timeout_s:g} s wall-clock limit passed"
+        return ep.status is None
 
-    def _round(self, episodes: list[_Live], handles: list, last: bool) -> None:
-        """One assistant turn for every running episode; on the `last` allowed turn an episode
-        that is not done ends at the horizon (no observation is appended that nobody answers)."""
-        for ep in episodes:
-            if len(ep.ids) >= self.max_model_len:
-                ep.status = "truncated"
-        keep = [i for i, ep in enumerate(episodes) if ep.status is None]
-        if not keep:
+    def _request(self, ep: _Live) -> tuple[int | None, int]:
+        """The episode's next request: its seed and its token budget (what is left of its context)."""
+        seed = None if self._seed is None else request_seed(self._seed, ep.index, ep.turns)
+        return seed, min(self.sampling.max_tokens, self.max_model_len - len(ep.ids))
+
+    def _send(self, engines: list, engine: int, episodes: list[_Live]):
+        """Starts one engine's generate for `episodes`; returns its wait(timeout=None)."""
+        seeds, budgets = zip(*(self._request(ep) for ep in episodes))
+        seeds = None if self._seed is None else list(seeds)
+        wait = call_async(self._pool, engines[engine], "generate", [ep.ids for ep in episodes], self.sampling,
+                          seeds, list(budgets))
+        self._clock.start(engine, "generate")
+
+        def finished(timeout=None):
+            try:
+                return wait(timeout)
+            finally:
+                self._clock.stop(engine, "generate")
+
+        return finished
+
+    def _take_reply(self, ep: _Live, generation) -> str:
+        ep.add(generation.token_ids, sampled=True, logprobs=generation.logprobs)
+        ep.turns += 1
+        with self._tokenizing:
+            return self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+
+    def _take_result(self, ep: _Live, generation, result: dict) -> None:
+        """The env's answer to a turn; at the episode's turn cap an episode that is not done ends
+        at the horizon (no observation is appended that nobody answers)."""
+        if "error" in result:
+            ep.status = "timeout" if result.get("status") == TIMEOUT_STATUS else "env_error"
+            ep.error = result["error"]
             return
+        # The server's episode score on [0, 1] and its own success verdict (a SciWorld step's
+        # reward is only the score's change).
+        ep.score, ep.success = float(result["episode_score"]), bool(result["success"])
+        if result["done"] or ep.turns >= ep.max_turns:
+            ep.status = "done" if result["done"] else "horizon"
+            return
+        with self._tokenizing:
+            ep.add(self.turns.after_reply(generation.token_ids, result["observation"]), sampled=False)
+        if len(ep.ids) >= self.max_model_len:
+            ep.status = "truncated"
+            ep.ids, ep.mask, ep.logprobs = (x[: self.max_model_len] for x in (ep.ids, ep.mask, ep.logprobs))
+
+    def _step_timeout(self, episodes: list[_Live]) -> float | None:
+        """How long an env step may take: rollout.env_step_timeout_s, and no longer than the
+        episodes' wall-clock limits leave."""
+        left = min(ep.deadline for ep in episodes) - time.monotonic()
+        limits = [t for t in (self.env_step_timeout_s, left if left != float("inf") else None) if t is not None]
+        return max(min(limits), 1e-3) if limits else None
+
+    def _env_step(self, handles: list, replies: list[str], episodes: list[_Live]) -> list[dict]:
+        with self._clock.span("env"):
+            return self.env.step(handles, replies, timeout=self._step_timeout(episodes))
+
+    # -- lockstep -----------------------------------------------------------------------------
+    def _round(self, engines: list, episodes: list[_Live], handles: list) -> None:
+        """One assistant turn for every running episode: every engine's share generated at once
+        (each episode stays on its engine, so its growing prompt keeps hitting that engine's
+        prefix cache), then one env step for all."""
+        keep = [i for i, ep in enumerate(episodes) if self._ready(ep)]
         episodes, handles = [episodes[i] for i in keep], [handles[i] for i in keep]
-        start = time.perf_counter()
-        generations = self._generate(episodes)
-        self.timings["time/generate_s"] += time.perf_counter() - start
-        replies = []
-        for ep, gen in zip(episodes, generations):
-            ep.add(gen.token_ids, sampled=True, logprobs=gen.logprobs)
-            ep.turns += 1
-            replies.append(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True))
-        start = time.perf_counter()
-        results = self.env.step(handles, replies)
-        self.timings["time/env_s"] += time.perf_counter() - start
-        for ep, gen, result in zip(episodes, generations, results):
-            if "error" in result:
-                ep.status, ep.error = "env_error", result["error"]
-                continue
-            # The server's episode score on [0, 1] and its own success verdict (a SciWorld step's
-            # reward is only the score's change).
-            ep.score, ep.success = float(result["episode_score"]), bool(result["success"])
-            if result["done"] or last:
-                ep.status = "done" if result["done"] else "horizon"
-                continue
-            ep.add(self.turns.after_reply(gen.token_ids, result["observation"]), sampled=False)
-            if len(ep.ids) >= self.max_model_len:
-                ep.status = "truncated"
-                ep.ids, ep.mask, ep.logprobs = (x[: self.max_model_len] for x in (ep.ids, ep.mask, ep.logprobs))
+        if not episodes:
+            return
+        by_engine: dict[int, list[_Live]] = {}
+        for ep in episodes:
+            by_engine.setdefault(ep.engine, []).append(ep)
+        waits = [(group, self._send(engines, engine, group)) for engine, group in by_engine.items()]
+        generations = {}
+        for group, wait in waits:
+            generations |= {id(ep): gen for ep, gen in zip(group, wait())}
+        replies = [self._take_reply(ep, generations[id(ep)]) for ep in episodes]
+        for ep, result in zip(episodes, self._env_step(handles, replies, episodes)):
+            self._take_result(ep, generations[id(ep)], result)
+
+    # -- async --------------------------------------------------------------------------------
+    def _episode(self, engines: list, ep: _Live, handle) -> None:
+        """One episode to its end on its own: generate, step, repeat."""
+        while self._ready(ep):
+            wait = self._send(engines, ep.engine, [ep])
+            try:
+                generation = wait(None if ep.deadline == float("inf") else max(ep.deadline - time.monotonic(), 0))[0]
+            except TimeoutError:
+                ep.status = "timeout"
+                ep.error = f"the episode's {self.episode_timeout_s:g} s wall-clock limit passed while generating"
+                return
+            reply = self._take_reply(ep, generation)
+            with self._clock.span("env"):
+                result = self._steps.step(handle, reply, timeout=self._step_timeout([ep]))
+            self._take_result(ep, generation, result)
 
     def _to_batch(self, live: list[_Live]) -> TrajectoryBatch:
         width = max(1, max(len(ep.ids) for ep in live))
@@ -225,7 +353,7 @@ class RolloutManager:
             n = len(ep.ids)
             ids[row, :n] = torch.tensor(ep.ids, dtype=torch.long)
             attention[row, :n] = 1
-            if ep.status != "env_error":  # a broken episode says nothing about the policy
+            if ep.status not in UNTRAINED:  # a broken or cut-off episode says nothing about the policy
                 mask[row, :n] = torch.tensor(ep.mask, dtype=torch.float)
             logprobs[row, :n] = torch.tensor(ep.logprobs)
             trained = torch.tensor(ep.mask).nonzero()

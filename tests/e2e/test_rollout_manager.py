@@ -138,3 +138,101 @@ def test_seeded_prompts_past_one_engine_step_sample_and_repeat(stack):
     again = stack["engine"].generate(prompts, sampling, list(range(32)))
     assert len(first) == 32 and all(g.token_ids for g in first)
     assert [g.token_ids for g in first] == [g.token_ids for g in again]
+
+
+def test_async_episodes_are_token_identical_to_lockstep(stack):
+    """The same tasks, seeds and weights through both modes: every row's ids, masks, log-probs
+    and reward, and every episode's ending, are the same. Turn caps differ per task, so episodes
+    end at different turns and the async engine batches requests from different turns."""
+    from agentgym_mega.rollout.env_client import EnvClient
+
+    env = EnvClient(stack["urls"][:1])  # server 0: another test kills server 1
+    tasks = [Task(3), Task(130), Task(7), Task(250)]
+    batches = {}
+    for mode in ("lockstep", "async"):
+        managed = RolloutManager([stack["engine"]], env, stack["tokenizer"],
+                                 SamplingConfig(temperature=1.0, max_tokens=24), 2048, mode=mode)
+        batches[mode] = managed.collect(tasks, n_per_task=3, max_turns=[1, 4, 2, 3], seed=(5, 1))
+        assert 0 < managed.timings["rollout/engine_busy_fraction"] <= 1
+        assert managed.timings["time/generate_s"] > 0 and managed.timings["time/env_s"] > 0
+    lock, asy = batches["lockstep"], batches["async"]
+    assert [e.turns for e in lock.episodes] != [lock.episodes[0].turns] * len(lock)  # a long tail
+    assert max(e.turns for e in lock.episodes[:3]) == 1 and max(e.turns for e in lock.episodes[3:6]) <= 4
+    for name in ("input_ids", "attention_mask", "loss_mask", "rewards", "group_ids", "scores"):
+        assert torch.equal(getattr(lock, name), getattr(asy, name)), name
+    assert torch.allclose(lock.rollout_logprobs, asy.rollout_logprobs, atol=1e-5)
+    assert [(e.status, e.turns, e.response_tokens) for e in lock.episodes] == \
+        [(e.status, e.turns, e.response_tokens) for e in asy.episodes]
+
+
+def test_timeouts_end_only_their_episodes(stack):
+    """A frozen env server (SIGSTOP after the resets) answers no step: with rollout.env_step_timeout_s
+    its episodes end as `timeout`, untrained, and the other server's finish. A wall-clock limit
+    shorter than any generation ends every episode as `timeout` in either mode."""
+    import os
+    import signal
+
+    from agentgym_mega.metrics import episode_metrics
+    from agentgym_mega.rollout.env_client import EnvClient
+    from tests.envs.conftest import running
+
+    with running("textcraft") as frozen:
+        class FreezesAfterReset(EnvClient):
+            def reset(self, handles, data_idxs):
+                results = super().reset(handles, data_idxs)
+                os.kill(frozen.proc.pid, signal.SIGSTOP)
+                return results
+
+        env = FreezesAfterReset([stack["urls"][0], frozen.url], timeout=3)
+        managed = RolloutManager([stack["engine"]], env, stack["tokenizer"],
+                                 SamplingConfig(temperature=1.0, max_tokens=16), 2048, mode="async",
+                                 env_step_timeout_s=1.0)
+        try:
+            batch = managed.collect([Task(3), Task(130)], n_per_task=2, max_turns=3, seed=(0, 1))
+        finally:
+            os.kill(frozen.proc.pid, signal.SIGCONT)
+        frozen_rows, live_rows = batch.episodes[1::2], batch.episodes[0::2]  # instances dealt round-robin
+        assert all(e.status == "timeout" and "1 s" in e.error and e.turns == 1 for e in frozen_rows)
+        assert all(e.status in ("done", "horizon") for e in live_rows)
+        assert torch.all(batch.loss_mask[1::2] == 0) and torch.all(batch.loss_mask[0::2].sum(-1) > 0)
+        assert episode_metrics(batch)["episode/timeouts"] == 2 and batch.valid.tolist() == [True, False] * 2
+
+    for mode in ("lockstep", "async"):
+        managed = RolloutManager([stack["engine"]], EnvClient(stack["urls"][:1]), stack["tokenizer"],
+                                 SamplingConfig(temperature=1.0, max_tokens=16), 2048, mode=mode,
+                                 episode_timeout_s=1e-4)
+        batch = managed.collect([Task(3)], n_per_task=2, max_turns=3)
+        assert {e.status for e in batch.episodes} == {"timeout"} and "wall-clock" in batch.episodes[0].error
+        assert int(batch.loss_mask.sum()) == 0
+
+
+def test_dynamic_sampling_keeps_groups_with_spread_and_repeats(stack):
+    """rollout.dynamic_sampling through vLLM and a TextCraft server (a random model seldom crafts
+    anything, so most groups are flat; tests/unit/test_dynamic_sampling.py checks the choices
+    against hand-computed draws): the batch holds trainer.batch_size groups, draws stop at the
+    limit when spread is short, the figures agree with the task sampler, and the same step
+    repeated (a resumed run) draws the same tasks and keeps the same groups."""
+    from agentgym_mega.config import load_config
+    from agentgym_mega.rollout.dynamic_sampling import collect_batch, groups_with_spread
+    from agentgym_mega.rollout.env_client import EnvClient
+    from agentgym_mega.rollout.tasks import TaskSampler
+
+    cfg = load_config(None, ["env.name=textcraft", "rollout.max_tokens_per_turn=16", "rollout.max_model_len=2048",
+                             "rollout.n_per_task=3", "trainer.batch_size=4", "trainer.mini_batch_size=1",
+                             "rollout.dynamic_sampling=true", "rollout.dynamic_sampling_max_draws=2",
+                             "rollout.mode=async"])
+    managed = RolloutManager.from_config(cfg, [stack["engine"]], EnvClient(stack["urls"][:1]), stack["tokenizer"])
+    tasks = [Task(i) for i in range(0, 400, 7)]
+    runs = []
+    for _ in range(2):
+        sampler = TaskSampler(tasks, seed=0)
+        batch, metrics = collect_batch(managed, sampler, cfg, step=1, max_turns=2)
+        runs.append((batch, metrics, sampler.position))
+    (batch, metrics, position), (again, _, position_again) = runs
+    assert len(batch) == 12 and batch.group_ids.tolist() == [g for g in range(4) for _ in range(3)]
+    assert metrics["rollout/groups_drawn"] == position and 4 <= position <= 8
+    assert metrics["rollout/groups_dropped"] == position - 4
+    kept_spread = len(groups_with_spread(batch))
+    assert metrics["rollout/groups_flat_kept"] == 4 - kept_spread
+    assert kept_spread == 4 or position == 8  # short of spread only once the draws are spent
+    assert position_again == position and torch.equal(batch.input_ids, again.input_ids)

@@ -8,7 +8,7 @@ import pytest
 import ray
 import requests
 
-from agentgym_mega.rollout.env_client import EnvClient, EnvRequestRejected, Handle, start_servers
+from agentgym_mega.rollout.env_client import EnvClient, EnvRequestRejected, Handle, StepGroups, start_servers
 from envs.textcraft.game import TextCraftEnv
 from tests.envs.conftest import running
 
@@ -45,6 +45,39 @@ def test_client_sends_the_secret_and_splits_batches_to_the_server_limits(tmp_pat
 
 
 @pytest.mark.slow
+def test_step_groups_send_what_arrives_together_as_one_batch(tmp_path):
+    """Async episodes step one by one; StepGroups sends the steps that arrive within its window
+    to their server as one /batch (one POST, every answer its own), and with window 0 each alone.
+    A rejected request reaches every caller of its group."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Counting(EnvClient):
+        posts = 0
+
+        def _post(self, url, path, body, timeout=None):
+            Counting.posts += path == "/batch"
+            return super()._post(url, path, body, timeout)
+
+    (tmp_path / "secret").write_text(SECRET)
+    with running("textcraft", "--secret-file", str(tmp_path / "secret")) as server:
+        client = Counting([server.url], secret=SECRET)
+        handles = client.create(8)
+        client.reset(handles, [0] * 8)
+        for window, posts in ((0.2, 1), (0.0, 8)):
+            groups, Counting.posts = StepGroups(client, window), 0
+            with ThreadPoolExecutor(8) as pool:
+                answers = list(pool.map(lambda k: groups.step(handles[k], f"Action: get {k + 1} acacia logs"),
+                                        range(8)))
+            assert Counting.posts == posts
+            assert [a["observation"] for a in answers] == [f"Got {k + 1} acacia logs" for k in range(8)]
+        wrong = StepGroups(EnvClient([server.url], secret="not-it"), 0.2)
+        with ThreadPoolExecutor(3) as pool:
+            waits = [pool.submit(wrong.step, handles[k], "inventory") for k in range(3)]
+        for wait in waits:
+            with pytest.raises(EnvRequestRejected, match="HTTP 401"):
+                wait.result()
+
+
 def test_ray_actor_servers_and_batched_fan_out():
     ray.init(num_cpus=2, include_dashboard=False)
     try:

