@@ -195,6 +195,10 @@ class AlgorithmConfig:
     entropy_coef: float = 0.001
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     value_clip: float = 0.2
+    # Truncated importance sampling (verl's rollout correction): each token's policy-gradient term
+    # weighted by min(p_trainer / p_engine, tis_cap), the trainer's log-probs recomputed at the
+    # step's start. Corrects engine/trainer mismatch and, one step off-policy, staleness. null: off.
+    tis_cap: Optional[float] = None
 
     def __post_init__(self):
         for key in ("gamma", "lam"):
@@ -204,6 +208,8 @@ class AlgorithmConfig:
                  "null or a number > 1")
         for key in ("kl_coef", "entropy_coef", "value_clip"):
             _require(getattr(self, key) >= 0, f"algorithm.{key}", getattr(self, key), "a number >= 0")
+        _require(self.tis_cap is None or self.tis_cap >= 1, "algorithm.tis_cap", self.tis_cap,
+                 "null or a number >= 1")
 
 
 @section
@@ -250,12 +256,18 @@ class TrainerConfig:
     save_freq: StrictInt = 0  # steps between checkpoints; 0 = only at the end
     output_dir: StrictStr = "runs/default"
     seed: StrictInt = 0
+    # 1: the engines generate step k+1's rollout (on the weights they hold, version k-1) while the
+    # trainer updates step k, and the loss takes the engines' log-probs as the behaviour policy.
+    # Needs cluster.placement=split (the engines keep generating while the trainer works).
+    off_policy_steps: StrictInt = 0
 
     def __post_init__(self):
         for key in ("total_steps", "batch_size", "mini_batch_size", "ppo_epochs"):
             _require(getattr(self, key) >= 1, f"trainer.{key}", getattr(self, key), "an integer >= 1")
         for key in ("warmup_steps", "save_freq"):
             _require(getattr(self, key) >= 0, f"trainer.{key}", getattr(self, key), "an integer >= 0")
+        _require(self.off_policy_steps in (0, 1), "trainer.off_policy_steps", self.off_policy_steps,
+                 "0 (on-policy) or 1 (the next rollout overlaps this step's update)")
         for key in ("micro_batch_size", "max_tokens_per_gpu"):
             value = getattr(self, key)
             _require(value is None or value >= 1, f"trainer.{key}", value, "an integer >= 1, or null")
@@ -378,6 +390,12 @@ class Config:
                 engine_gpus <= self.parallel.world_size, "cluster.placement", "colocated",
                 f"split, or rollout.num_engines * rollout.engine_tp (here {engine_gpus}) <= "
                 f"parallel.world_size={self.parallel.world_size}: colocated engines run on the trainer's GPUs",
+            )
+        if self.trainer.off_policy_steps:
+            _require(
+                self.cluster.placement == "split" and self.cluster.offload is not True, "trainer.off_policy_steps",
+                self.trainer.off_policy_steps, "0 unless cluster.placement=split and cluster.offload is not true "
+                "(the engines generate while the trainer updates, so they cannot share its devices)",
             )
         budget = self.trainer.max_tokens_per_gpu
         _require(

@@ -2,6 +2,10 @@
 
 rollout -> old/ref log-probs -> values -> advantages -> updates -> weight sync -> eval -> log -> checkpoint
 
+With trainer.off_policy_steps=1 the next step's rollout runs on the engines (their weights one
+version behind) while this step trains; it is waited for before the weight sync, and a
+checkpoint keeps it, so a resumed run trains on the same batch.
+
 With cluster.offload the trainer's device memory is released while the engines hold theirs:
 engines sleep -> trainer restored -> log-probs, updates -> trainer released (the actor keeps its
 parameters) -> engine weights woken -> weight sync -> actor parameters released -> KV cache woken.
@@ -12,14 +16,17 @@ from __future__ import annotations
 import os
 import statistics
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import torch
 from tqdm import tqdm
 
-from agentgym_mega import algorithms
+from agentgym_mega import algorithms, files
 from agentgym_mega.errors import BadInput
 from agentgym_mega.evaluation import Evaluator
 from agentgym_mega.metrics import MetricsLogger, Timer, episode_metrics, plot_rewards, sync_metrics
 from agentgym_mega.models import checkpoint
+from agentgym_mega.rollout.batch import TrajectoryBatch
 from agentgym_mega.rollout.dynamic_sampling import collect_batch
 from agentgym_mega.rollout.tasks import TaskSampler, select_tasks
 from agentgym_mega.stack import Stack
@@ -68,9 +75,18 @@ def _update(stack: Stack, batch, cfg) -> dict:
     return means
 
 
-def _save(stack: Stack, cfg, step: int, sampler: TaskSampler) -> None:
+def _save(stack: Stack, cfg, step: int, sampler: TaskSampler, ahead: tuple | None) -> None:
+    """The trainer roles' checkpoints of `step`; first, with one-step off-policy, the rollout
+    collected `ahead` for the next step (`rollout/iter_N/batch.pt`), so every actor checkpoint
+    has it."""
     state = {"sampler_position": sampler.position}
     root = _checkpoint_root(cfg)
+    if ahead is not None:
+        batch, metrics = ahead
+        final = os.path.join(root, "rollout", f"iter_{step:07d}")
+        tmp = files.atomic_dir(final)
+        torch.save({"batch": batch.state(), "metrics": metrics}, os.path.join(tmp, "batch.pt"))
+        files.commit_dir(tmp, final)
     saved = [g for g in (stack.actor, stack.critic) if g is not None]  # the reference has nothing to save
     stack.trainers_restore(saved)
     stack.actor.save_checkpoint(os.path.join(root, "actor"), step, state)
@@ -97,13 +113,19 @@ def resume_from(cfg, mode: str | None) -> bool:
     return found
 
 
-def _resume(stack: Stack, cfg) -> tuple[int, int]:
-    """Loads the latest checkpoint; returns (next step, sampler position)."""
+def _resume(stack: Stack, cfg) -> tuple[int, int, tuple | None]:
+    """Loads the latest checkpoint; returns (next step, sampler position, the rollout collected
+    ahead for the next step when the run is one step off-policy and the checkpoint has one)."""
     root = _checkpoint_root(cfg)
     state = stack.actor.load_checkpoint(os.path.join(root, "actor"))
     if stack.critic is not None:
         stack.critic.load_checkpoint(os.path.join(root, "critic"))
-    return state["global_step"] + 1, state["sampler_position"]
+    step = state["global_step"]
+    ahead = os.path.join(root, "rollout", f"iter_{step:07d}", "batch.pt")
+    if not (cfg.trainer.off_policy_steps and os.path.isfile(ahead)):
+        return step + 1, state["sampler_position"], None  # without it, the next step collects its own
+    saved = torch.load(ahead, weights_only=True)
+    return step + 1, state["sampler_position"], (TrajectoryBatch.from_state(saved["batch"]), saved["metrics"])
 
 
 def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -> dict:
@@ -114,7 +136,7 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
     stop = stop or threading.Event()
     stopped = None
     with Stack.start(cfg) as stack:
-        start, position = _resume(stack, cfg) if resume else (1, 0)
+        start, position, ahead = _resume(stack, cfg) if resume else (1, 0, None)
         if resume:  # the engines started from the HF weights: give them the checkpoint's
             stack.trainers_release(actor_params=False)
             stack.engines_wake(("weights",))
@@ -133,23 +155,32 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
         bar = tqdm(range(start, cfg.trainer.total_steps + 1), initial=start - 1, total=cfg.trainer.total_steps,
                    disable=not cfg.logging.progress_bar, desc="train")
         temperature = cfg.rollout.temperature
+        background = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead")
         for step in bar:
             timer = Timer()
             turn_cap = algorithms.turn_cap(step, cfg.horizon)
             with timer("rollout"):
-                batch, rollout_metrics = collect_batch(stack.rollout, sampler, cfg, step, turn_cap)
-            stack.engines_sleep()
+                batch, rollout_metrics = ahead or collect_batch(stack.rollout, sampler, cfg, step, turn_cap)
+            next_rollout = None
+            if cfg.trainer.off_policy_steps and step < cfg.trainer.total_steps:
+                next_rollout = background.submit(collect_batch, stack.rollout, sampler, cfg, step + 1,
+                                                 algorithms.turn_cap(step + 1, cfg.horizon))
+            else:
+                stack.engines_sleep()
             stack.trainers_restore()
             with timer("logprob"):
-                batch.old_logprobs = stack.actor.logprobs(batch.input_ids, temperature, batch.attention_mask)
+                batch.old_logprobs = _old_logprobs(stack, batch, cfg)
                 if stack.ref is not None:
                     batch.ref_logprobs = stack.ref.logprobs(batch.input_ids, temperature, batch.attention_mask)
             if stack.critic is not None:
                 with timer("values"):
                     batch.values = stack.critic.values(batch.input_ids, batch.attention_mask)
             algorithms.compute_advantages(batch, cfg.algorithm)
+            train_metrics = _truncate_importance(batch, cfg.algorithm.tis_cap)
             with timer("train"):
-                train_metrics = _update(stack, batch, cfg)
+                train_metrics |= _update(stack, batch, cfg)
+            with timer("rollout_wait"):  # off-policy: what the next rollout took beyond this step's work
+                ahead = next_rollout.result() if next_rollout else None
             stack.trainers_release(actor_params=False)
             stack.engines_wake(("weights",))
             with timer("sync"):
@@ -160,8 +191,8 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
             metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | rollout_metrics
                        | sync_metrics(synced) | {"sync/engines_dropped": stack.dropped_engines}
                        | {"horizon/turn_cap": turn_cap, "perf/tokens_per_s": tokens / sum(timer.seconds.values()),
-                          "perf/tokens": tokens, "cluster/nodes": nodes["all"],
-                          "rollout/logprob_diff": _logprob_gap(batch)} | _ref_kl(batch, cfg))
+                          "perf/tokens": tokens, "cluster/nodes": nodes["all"]}
+                       | _logprob_gap(batch) | _staleness(batch, step) | _ref_kl(batch, cfg))
             if evaluate and cfg.eval.freq and (step % cfg.eval.freq == 0 or step == cfg.trainer.total_steps):
                 metrics |= _evaluated(evaluate, step)
             logger.log(step, metrics)
@@ -171,12 +202,13 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
                        f"turn cap {turn_cap}")
             last = step == cfg.trainer.total_steps
             if last or stop.is_set() or (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0):
-                _save(stack, cfg, step, sampler)
+                _save(stack, cfg, step, sampler, ahead)
             if stop.is_set() and not last:
                 stopped = step
                 tqdm.write(f"stop requested: stopped after step {step}, checkpointed; --resume goes on "
                            f"at step {step + 1}")
                 break
+        background.shutdown()
         logger.close()
         if evaluate and len(evaluate.history) > 1:
             tqdm.write(evaluate.summary())
@@ -210,10 +242,43 @@ def _ref_kl(batch, cfg) -> dict:
     return {"actor/ref_kl": float(algorithms.masked_mean(kl, batch.loss_mask))}
 
 
-def _logprob_gap(batch) -> float:
-    """Mean |engine - trainer| log-prob on trained tokens: how far rollout and training disagree."""
+def _old_logprobs(stack: Stack, batch, cfg) -> torch.Tensor:
+    """The PPO ratio's denominator. One step off-policy without truncated importance weights:
+    the engines' own log-probs, the behaviour policy. Otherwise the trainer's, recomputed with
+    the weights it starts the step with (on-policy, those that sampled)."""
+    if cfg.trainer.off_policy_steps and cfg.algorithm.tis_cap is None:
+        return batch.rollout_logprobs
+    return stack.actor.logprobs(batch.input_ids, cfg.rollout.temperature, batch.attention_mask)
+
+
+def _truncate_importance(batch, cap: float | None) -> dict:
+    """algorithm.tis_cap: each token's advantage times min(p_trainer / p_engine, cap) (a
+    non-negative weight, so the clipped PPO term scales by it too); the weights' mean and the
+    share of tokens the cap cut."""
+    if cap is None:
+        return {}
+    weights = algorithms.truncated_importance_weights(batch.old_logprobs, batch.rollout_logprobs, batch.loss_mask, cap)
+    batch.advantages = batch.advantages * weights
+    return {"actor/tis_weight_mean": float(algorithms.masked_mean(weights, batch.loss_mask)),
+            "actor/tis_capped_fraction": float(algorithms.masked_mean((weights >= cap).float(), batch.loss_mask))}
+
+
+def _logprob_gap(batch) -> dict:
+    """Mean |engine - trainer| log-prob on trained tokens: how far rollout and training disagree
+    (nothing when the trainer did not recompute them)."""
     mask = batch.loss_mask.bool()
-    if not mask.any():
-        return 0.0
-    return float((batch.rollout_logprobs - batch.old_logprobs)[mask].abs().mean())
+    if batch.old_logprobs is batch.rollout_logprobs:
+        return {}
+    return {"rollout/logprob_diff": float((batch.rollout_logprobs - batch.old_logprobs)[mask].abs().mean())
+            if mask.any() else 0.0}
+
+
+def _staleness(batch, step: int) -> dict:
+    """The weights versions that sampled the trained tokens, and how many versions they are
+    behind the trainer's at the step's start (step - 1): 0 on-policy, 1 one step off-policy."""
+    versions = batch.weight_versions[batch.loss_mask.bool()]
+    if not len(versions):
+        return {}
+    return {"rollout/weight_version_min": int(versions.min()), "rollout/weight_version_max": int(versions.max()),
+            "offpolicy/version_lag": float((step - 1 - versions.float()).mean())}
 

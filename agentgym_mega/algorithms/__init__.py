@@ -20,9 +20,11 @@ from agentgym_mega.algorithms.losses import (
     kl_penalty,
     masked_mean,
     masked_whiten,
+    truncated_importance_weights,
 )
 
 __all__ = [
     "actor_loss", "aggregate_parts", "compute_advantages", "critic_loss", "gae", "grpo_advantages", "kl_penalty",
-    "masked_mean", "masked_whiten", "reinforce_pp_advantages", "rloo_advantages", "turn_cap",
+    "masked_mean", "masked_whiten", "reinforce_pp_advantages", "rloo_advantages",
+    "truncated_importance_weights", "turn_cap",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
@@ -13,6 +15,14 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     if dim is None:
         return (x * mask).sum() / mask.sum().clamp_min(1.0)
     return (x * mask).sum(dim) / mask.sum(dim).clamp_min(1.0)
+
+
+def truncated_importance_weights(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
+                                 cap: float) -> torch.Tensor:
+    """min(p / p_behaviour, cap) per token, 0 off the mask: truncated importance sampling (verl's
+    rollout correction), weighting each token's policy-gradient term by how much likelier the
+    trainer's policy finds the token than the engine that sampled it did, never more than `cap`."""
+    return torch.exp((logprobs - behaviour_logprobs).clamp(max=math.log(cap))) * mask.to(logprobs.dtype)
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:

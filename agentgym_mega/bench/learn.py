@@ -39,19 +39,28 @@ def ensure_base(cfg) -> None:
         raise RuntimeError(f"pretraining the base policy into {cfg.model.path} failed (exit {code})")
 
 
-def run(estimator: str, steps: int, output_dir: str) -> dict:
+# A step's phases as the trainer times them (time/generate_s and time/env_s are parts of rollout).
+STEP_PHASES = ("rollout", "logprob", "values", "train", "rollout_wait", "sync")
+
+
+def run(estimator: str, steps: int, output_dir: str, settings: list[str] | None = None) -> dict:
+    """`settings`: more config overrides (e.g. rollout.mode=async), applied last."""
     from agentgym_mega.trainer import train
 
-    cfg = load_config(DEMO_CONFIG, overrides(estimator, steps, output_dir))
+    cfg = load_config(DEMO_CONFIG, overrides(estimator, steps, output_dir) + list(settings or []))
     ensure_base(cfg)
     if os.path.exists(os.path.join(output_dir, "metrics.jsonl")):
         raise RuntimeError(f"{output_dir} already holds a run: remove it or pass --output-dir")
     train(cfg)
     with open(os.path.join(output_dir, "metrics.jsonl")) as f:
-        evals = [m for m in map(json.loads, f) if "eval/success" in m]
+        logged = [json.loads(line) for line in f]
+    evals = [m for m in logged if "eval/success" in m]
     first, last = evals[0], evals[-1]
+    # Training time only: start-up and evaluations are the same whatever the settings.
+    seconds = sum(m.get(f"time/{p}_s", 0.0) for m in logged if m["step"] > 0 for p in STEP_PHASES)
     return {
-        "estimator": estimator, "steps": steps,
+        "estimator": estimator, "steps": steps, "settings": list(settings or []),
+        "train_seconds": seconds, "steps_per_hour": 3600 * steps / seconds,
         "start_success": first["eval/success"], "end_success": last["eval/success"],
         "start_avg": first["eval/avg"], "end_avg": last["eval/avg"],
         "eval_curve": {m["step"]: m["eval/success"] for m in evals},

@@ -13,6 +13,8 @@ import torch
 
 # Statuses of episodes that say nothing about the policy: counted, never trained on.
 UNTRAINED = ("env_error", "timeout")
+# The [B, T] fields a rollout fills (later stages add the others).
+ROLLOUT_FIELDS = ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs", "rewards", "weight_versions")
 
 
 @dataclasses.dataclass
@@ -45,6 +47,7 @@ class TrajectoryBatch:
     group_ids: torch.Tensor  # [B] same value for samples of the same task
     scores: torch.Tensor  # [B] episode scores
     episodes: list[Episode]
+    weight_versions: torch.Tensor | None = None  # [B, T] long: the weights version of each sampled token, -1 elsewhere
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -82,8 +85,10 @@ class TrajectoryBatch:
         rest with 0); only the token fields a rollout fills may be set."""
         width = max(b.input_ids.shape[1] for b in batches)
         fields = {}
-        for name in ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs", "rewards"):
-            fill = pad_id if name == "input_ids" else 0
+        for name in ROLLOUT_FIELDS:
+            if getattr(batches[0], name) is None:
+                continue
+            fill = {"input_ids": pad_id, "weight_versions": -1}.get(name, 0)
             fields[name] = torch.cat([torch.nn.functional.pad(getattr(b, name), (0, width - b.input_ids.shape[1]),
                                                               value=fill) for b in batches])
         late = [n for n in ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
@@ -93,3 +98,18 @@ class TrajectoryBatch:
         return cls(**fields, group_ids=torch.cat([b.group_ids for b in batches]),
                    scores=torch.cat([b.scores for b in batches]),
                    episodes=[e for b in batches for e in b.episodes])
+
+    def state(self) -> dict:
+        """A rollout batch as tensors and plain values (torch.load's weights_only reads it back):
+        a checkpoint keeps the rollout that the next step trains on (one-step off-policy)."""
+        late = [n for n in ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
+                if getattr(self, n) is not None]
+        if late:
+            raise ValueError(f"only a rollout batch is saved; this one has {', '.join(late)} already")
+        return {**{name: getattr(self, name) for name in ROLLOUT_FIELDS}, "group_ids": self.group_ids,
+                "scores": self.scores, "episodes": [dataclasses.asdict(e) for e in self.episodes]}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "TrajectoryBatch":
+        return cls(**{k: v for k, v in state.items() if k != "episodes"},
+                   episodes=[Episode(**e) for e in state["episodes"]])

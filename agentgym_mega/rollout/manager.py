@@ -50,6 +50,7 @@ class _Live:
     ids: list[int] = dataclasses.field(default_factory=list)
     mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)  # weights version per token, -1 unsampled
     turns: int = 0
     score: float = 0.0
     success: bool = False
@@ -57,10 +58,11 @@ class _Live:
     error: str | None = None
     deadline: float | None = None  # time.monotonic() past which it ends as "timeout"; set at its first turn
 
-    def add(self, ids, sampled: bool, logprobs=None):
+    def add(self, ids, sampled: bool, logprobs=None, version: int = -1):
         self.ids += ids
         self.mask += [1 if sampled else 0] * len(ids)
         self.logprobs += logprobs if sampled else [0.0] * len(ids)
+        self.versions += [version if sampled else -1] * len(ids)
 
 
 _REPLY = "\x00REPLY\x00"
@@ -272,7 +274,7 @@ class RolloutManager:
         return finished
 
     def _take_reply(self, ep: _Live, generation) -> str:
-        ep.add(generation.token_ids, sampled=True, logprobs=generation.logprobs)
+        ep.add(generation.token_ids, sampled=True, logprobs=generation.logprobs, version=generation.version)
         ep.turns += 1
         with self._tokenizing:
             return self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
@@ -294,7 +296,8 @@ class RolloutManager:
             ep.add(self.turns.after_reply(generation.token_ids, result["observation"]), sampled=False)
         if len(ep.ids) >= self.max_model_len:
             ep.status = "truncated"
-            ep.ids, ep.mask, ep.logprobs = (x[: self.max_model_len] for x in (ep.ids, ep.mask, ep.logprobs))
+            ep.ids, ep.mask, ep.logprobs, ep.versions = (x[: self.max_model_len] for x in
+                                                         (ep.ids, ep.mask, ep.logprobs, ep.versions))
 
     def _step_timeout(self, episodes: list[_Live]) -> float | None:
         """How long an env step may take: rollout.env_step_timeout_s, and no longer than the
@@ -349,6 +352,7 @@ class RolloutManager:
         ids = torch.full((len(live), width), pad, dtype=torch.long)
         attention, mask = torch.zeros(len(live), width, dtype=torch.long), torch.zeros(len(live), width)
         logprobs, rewards = torch.zeros(len(live), width), torch.zeros(len(live), width)
+        versions = torch.full((len(live), width), -1, dtype=torch.long)
         for row, ep in enumerate(live):
             n = len(ep.ids)
             ids[row, :n] = torch.tensor(ep.ids, dtype=torch.long)
@@ -356,6 +360,7 @@ class RolloutManager:
             if ep.status not in UNTRAINED:  # a broken or cut-off episode says nothing about the policy
                 mask[row, :n] = torch.tensor(ep.mask, dtype=torch.float)
             logprobs[row, :n] = torch.tensor(ep.logprobs)
+            versions[row, :n] = torch.tensor(ep.versions, dtype=torch.long)
             trained = torch.tensor(ep.mask).nonzero()
             if len(trained):
                 rewards[row, trained[-1, 0]] = ep.score  # terminal reward on the last assistant token
@@ -364,5 +369,5 @@ class RolloutManager:
         return TrajectoryBatch(
             input_ids=ids, attention_mask=attention, loss_mask=mask, rollout_logprobs=logprobs,
             rewards=rewards, group_ids=torch.tensor([ep.group_id for ep in live]),
-            scores=torch.tensor([ep.score for ep in live]), episodes=episodes,
+            scores=torch.tensor([ep.score for ep in live]), episodes=episodes, weight_versions=versions,
         )

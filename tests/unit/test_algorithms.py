@@ -14,6 +14,7 @@ from agentgym_mega.algorithms import (
     kl_penalty,
     reinforce_pp_advantages,
     rloo_advantages,
+    truncated_importance_weights,
     turn_cap,
 )
 from agentgym_mega.algorithms.losses import LOG_RATIO_CLAMP
@@ -339,3 +340,43 @@ def test_ppo_ratio_is_clamped_so_one_token_cannot_make_the_loss_infinite():
     torch.testing.assert_close(total, T(math.exp(LOG_RATIO_CLAMP) - 1.0), rtol=1e-6, atol=0.0)
     total.backward()
     assert torch.isfinite(logp.grad).all()
+
+
+def test_truncated_importance_weights_by_hand():
+    # token 1: same log-prob -> 1; token 2: the trainer finds it e^-1 as likely -> 0.3679;
+    # token 3: e^0.8 = 2.2255 as likely -> cut to the cap 2; token 4: off the mask -> 0.
+    logprobs = T([[-1.0, -2.0, -0.2, -0.5]])
+    behaviour = T([[-1.0, -1.0, -1.0, -2.0]])
+    mask = T([[1.0, 1.0, 1.0, 0.0]])
+    weights = truncated_importance_weights(logprobs, behaviour, mask, cap=2.0)
+    assert torch.allclose(weights, T([[1.0, math.exp(-1.0), 2.0, 0.0]]), atol=1e-6)
+    # a log-ratio far past the cap stays finite
+    assert truncated_importance_weights(T([[0.0]]), T([[-1000.0]]), T([[1.0]]), 5.0).item() == pytest.approx(5.0)
+
+
+def test_rollout_batch_state_round_trips_and_concat_pads():
+    """What a checkpoint keeps of the rollout collected ahead (one step off-policy), read back
+    with torch.load(weights_only=True); concat pads ids with the pad id and versions with -1."""
+    import io
+
+    from agentgym_mega.rollout.batch import TrajectoryBatch
+
+    batch = _batch([1.0, 0.0], [0, 0], [[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
+    batch.weight_versions = T([[-1, 3, 3], [-1, 3, -1]])
+    buffer = io.BytesIO()
+    torch.save(batch.state(), buffer)
+    buffer.seek(0)
+    again = TrajectoryBatch.from_state(torch.load(buffer, weights_only=True))
+    for name in ("input_ids", "loss_mask", "rollout_logprobs", "rewards", "weight_versions", "group_ids", "scores"):
+        assert torch.equal(getattr(again, name), getattr(batch, name)), name
+    assert again.episodes == batch.episodes
+
+    narrow = _batch([0.5], [1], [[1.0]])
+    narrow.weight_versions = T([[4]])
+    narrow.input_ids += 9
+    joined = TrajectoryBatch.concat([narrow, batch], pad_id=7)
+    assert joined.input_ids.tolist()[0] == [9, 7, 7] and joined.weight_versions.tolist()[0] == [4, -1, -1]
+    assert joined.loss_mask.tolist()[0] == [1.0, 0.0, 0.0] and joined.group_ids.tolist() == [1, 0, 0]
+    batch.old_logprobs = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="old_logprobs"):
+        batch.state()

@@ -22,6 +22,7 @@ class SamplingConfig:
 class Generation:
     token_ids: list[int]
     logprobs: list[float]  # log-prob of each sampled token under the sampling distribution
+    version: int = 0  # the weights version that sampled it (weights change only between requests)
 
 
 class InferenceEngine(abc.ABC):

@@ -112,7 +112,8 @@ class VLLMEngine(InferenceEngine):
                 final = out
             completion = final.outputs[0]
             ids = list(completion.token_ids)
-            return Generation(ids, [step[token].logprob for step, token in zip(completion.logprobs, ids)])
+            return Generation(ids, [step[token].logprob for step, token in zip(completion.logprobs, ids)],
+                              self.version)
 
         async def every() -> list[Generation]:
             return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
