@@ -747,7 +747,7 @@ def _add_bench_rollout(benches) -> None:
     b = _command(
         benches, "rollout",
         run=lambda a: _bench("rollout").run(a.mode, a.workload, a.tasks, a.n_per_task, a.latency_ms, a.repeats,
-                                            a.model),
+                                            a.model, a.group_window_ms),
         help="episodes/s of a long-tailed multi-turn workload, lockstep vs async rollout",
         description=(
             "Runs the same episodes (same tasks, seeds and weights) through each --mode of the rollout\n"
@@ -770,6 +770,8 @@ def _add_bench_rollout(benches) -> None:
                    help="median of the added env step latency, ms; 0 for none (default: 40)")
     b.add_argument("--repeats", type=_COUNT, default=3)
     b.add_argument("--model", help="HF model directory (default: the demo's base policy, runs/demo/base)")
+    b.add_argument("--group-window-ms", type=float, default=None,
+                   help="async: rollout.env_group_window_ms (default: the config's, 0: each step alone)")
 
 
 def _add_bench_engine(benches) -> None:

@@ -109,8 +109,9 @@ class RolloutConfig:
     episode_timeout_s: Optional[float] = None
     env_step_timeout_s: Optional[float] = None
     # async: env steps ready within this many ms of each other go to their server as one /batch
-    # (the episodes one engine step finished); 0 sends each step alone.
-    env_group_window_ms: float = 2.0
+    # (the episodes one engine step finished), answered when its slowest step is; 0 sends each
+    # step alone. Grouping pays only where steps cost next to nothing and cores are few.
+    env_group_window_ms: float = 0.0
     # DAPO's dynamic sampling: groups whose samples all scored the same carry no signal for
     # GRPO/RLOO; keep drawing tasks until the batch holds trainer.batch_size groups with spread,
     # drawing at most dynamic_sampling_max_draws * trainer.batch_size groups per step (then the

@@ -59,7 +59,8 @@ class DelayedEnv(EnvClient):
 
 
 def run(modes: list[str], workload: str, tasks: int, n_per_task: int, latency_ms: float, repeats: int,
-        model: str | None = None) -> dict:
+        model: str | None = None, group_window_ms: float | None = None) -> dict:
+    """`group_window_ms`: async's rollout.env_group_window_ms (default: the config's)."""
     from transformers import AutoTokenizer
 
     from agentgym_mega.bench.env import serving
@@ -72,7 +73,10 @@ def run(modes: list[str], workload: str, tasks: int, n_per_task: int, latency_ms
 
     if workload != "mixed":
         raise ValueError(f"unknown workload {workload!r}: mixed is the one there is")
-    demo = load_config(DEMO_CONFIG, [f"model.path={model}"] if model else [])
+    settings = [f"model.path={model}"] if model else []
+    if group_window_ms is not None:
+        settings.append(f"rollout.env_group_window_ms={group_window_ms}")
+    demo = load_config(DEMO_CONFIG, settings)
     ensure_base(demo)
     rows, batches = {m: [] for m in modes}, {}
     with serving(["env-server", "--env", "babyai", "--max-instances", str(4 * tasks * n_per_task)]) as url:
@@ -113,6 +117,7 @@ def run(modes: list[str], workload: str, tasks: int, n_per_task: int, latency_ms
                for b in batches.values())
     report = {"workload": workload, "levels": demo.env.categories, "tasks": len(picked), "n_per_task": n_per_task,
               "turn_caps": list(CAPS), "model": demo.model.path,
+              "env_group_window_ms": demo.rollout.env_group_window_ms,
               "env_latency": {"distribution": "lognormal", "median_ms": latency_ms, "sigma": LATENCY_SIGMA,
                               "cap_s": LATENCY_CAP_S},
               "engines": 1, "repeats": repeats, "same_tokens_in_every_mode": same, "rows": report_rows}

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -72,7 +73,6 @@ _PROBE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _RE
 
 MODES = ("lockstep", "async")
 MAX_EPISODE_THREADS = 512  # an async collect's episodes in flight at once; more wait their turn
-ENV_GROUP_WINDOW_S = 0.002  # rollout.env_group_window_ms's default
 
 
 class BusyClock:
@@ -171,7 +171,7 @@ class RolloutManager:
 
     def __init__(self, engines: list, env, tokenizer, sampling: SamplingConfig, max_model_len: int,
                  instruction: str | None = None, mode: str = "async", episode_timeout_s: float | None = None,
-                 env_step_timeout_s: float | None = None, env_group_window_s: float = ENV_GROUP_WINDOW_S):
+                 env_step_timeout_s: float | None = None, env_group_window_s: float = 0.0):
         if not engines:
             raise ValueError("RolloutManager needs at least one engine")
         if mode not in MODES:
@@ -245,7 +245,7 @@ class RolloutManager:
         """Whether the episode takes another turn: not ended, not out of context, not past its
         wall-clock limit (which starts at its first turn: async episodes may wait for a thread)."""
         if ep.deadline is None:
-            ep.deadline = time.monotonic() + self.episode_timeout_s if self.episode_timeout_s else float("inf")
+            ep.deadline = time.monotonic() + self.episode_timeout_s if self.episode_timeout_s else math.inf
         if ep.status is None and len(ep.ids) >= self.max_model_len:
             ep.status = "truncated"
         if ep.status is None and time.monotonic() >= ep.deadline:
@@ -299,16 +299,11 @@ class RolloutManager:
             ep.ids, ep.mask, ep.logprobs, ep.versions = (x[: self.max_model_len] for x in
                                                          (ep.ids, ep.mask, ep.logprobs, ep.versions))
 
-    def _step_timeout(self, episodes: list[_Live]) -> float | None:
-        """How long an env step may take: rollout.env_step_timeout_s, and no longer than the
-        episodes' wall-clock limits leave."""
-        left = min(ep.deadline for ep in episodes) - time.monotonic()
-        limits = [t for t in (self.env_step_timeout_s, left if left != float("inf") else None) if t is not None]
-        return max(min(limits), 1e-3) if limits else None
-
-    def _env_step(self, handles: list, replies: list[str], episodes: list[_Live]) -> list[dict]:
+    def _env_step(self, handles: list, replies: list[str]) -> list[dict]:
+        """A round's env step; rollout.env_step_timeout_s bounds each server's answer (the
+        episodes' wall-clock limits are checked between rounds)."""
         with self._clock.span("env"):
-            return self.env.step(handles, replies, timeout=self._step_timeout(episodes))
+            return self.env.step(handles, replies, timeout=self.env_step_timeout_s)
 
     # -- lockstep -----------------------------------------------------------------------------
     def _round(self, engines: list, episodes: list[_Live], handles: list) -> None:
@@ -327,7 +322,7 @@ class RolloutManager:
         for group, wait in waits:
             generations |= {id(ep): gen for ep, gen in zip(group, wait())}
         replies = [self._take_reply(ep, generations[id(ep)]) for ep in episodes]
-        for ep, result in zip(episodes, self._env_step(handles, replies, episodes)):
+        for ep, result in zip(episodes, self._env_step(handles, replies)):
             self._take_result(ep, generations[id(ep)], result)
 
     # -- async --------------------------------------------------------------------------------
@@ -336,14 +331,16 @@ class RolloutManager:
         while self._ready(ep):
             wait = self._send(engines, ep.engine, [ep])
             try:
-                generation = wait(None if ep.deadline == float("inf") else max(ep.deadline - time.monotonic(), 0))[0]
+                generation = wait(None if ep.deadline == math.inf else max(ep.deadline - time.monotonic(), 0))[0]
             except TimeoutError:
                 ep.status = "timeout"
                 ep.error = f"the episode's {self.episode_timeout_s:g} s wall-clock limit passed while generating"
                 return
             reply = self._take_reply(ep, generation)
+            # rollout.env_step_timeout_s, and no longer than the episode's wall-clock limit leaves
+            limit = min(self.env_step_timeout_s or math.inf, ep.deadline - time.monotonic())
             with self._clock.span("env"):
-                result = self._steps.step(handle, reply, timeout=self._step_timeout([ep]))
+                result = self._steps.step(handle, reply, timeout=None if limit == math.inf else max(limit, 1e-3))
             self._take_result(ep, generation, result)
 
     def _to_batch(self, live: list[_Live]) -> TrajectoryBatch:

