@@ -13,8 +13,9 @@ import torch
 
 # Statuses of episodes that say nothing about the policy: counted, never trained on.
 UNTRAINED = ("env_error", "timeout")
-# The [B, T] fields a rollout fills (later stages add the others).
+# The [B, T] fields a rollout fills, and those the later stages add.
 ROLLOUT_FIELDS = ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs", "rewards", "weight_versions")
+LATER_FIELDS = ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
 
 
 @dataclasses.dataclass
@@ -79,6 +80,11 @@ class TrajectoryBatch:
         size = len(self) // parts
         return [self.select(slice(i * size, (i + 1) * size)) for i in range(parts)]
 
+    def _require_rollout_only(self, what: str) -> None:
+        later = [name for name in LATER_FIELDS if getattr(self, name) is not None]
+        if later:
+            raise ValueError(f"{what} takes a rollout batch; this one has {', '.join(later)} already")
+
     @classmethod
     def concat(cls, batches: list["TrajectoryBatch"], pad_id: int) -> "TrajectoryBatch":
         """The rows of `batches` in order, right-padded to the widest (ids with `pad_id`, the
@@ -91,10 +97,8 @@ class TrajectoryBatch:
             fill = {"input_ids": pad_id, "weight_versions": -1}.get(name, 0)
             fields[name] = torch.cat([torch.nn.functional.pad(getattr(b, name), (0, width - b.input_ids.shape[1]),
                                                               value=fill) for b in batches])
-        late = [n for n in ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
-                if any(getattr(b, n) is not None for b in batches)]
-        if late:
-            raise ValueError(f"concat takes rollout batches; these have {', '.join(late)} already")
+        for b in batches:
+            b._require_rollout_only("concat")
         return cls(**fields, group_ids=torch.cat([b.group_ids for b in batches]),
                    scores=torch.cat([b.scores for b in batches]),
                    episodes=[e for b in batches for e in b.episodes])
@@ -102,10 +106,7 @@ class TrajectoryBatch:
     def state(self) -> dict:
         """A rollout batch as tensors and plain values (torch.load's weights_only reads it back):
         a checkpoint keeps the rollout that the next step trains on (one-step off-policy)."""
-        late = [n for n in ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
-                if getattr(self, n) is not None]
-        if late:
-            raise ValueError(f"only a rollout batch is saved; this one has {', '.join(late)} already")
+        self._require_rollout_only("state")
         return {**{name: getattr(self, name) for name in ROLLOUT_FIELDS}, "group_ids": self.group_ids,
                 "scores": self.scores, "episodes": [dataclasses.asdict(e) for e in self.episodes]}
 
