@@ -66,7 +66,6 @@ def run(modes: list[str], workload: str, tasks: int, n_per_task: int, latency_ms
     from agentgym_mega.bench.env import serving
     from agentgym_mega.bench.learn import DEMO_CONFIG, ensure_base
     from agentgym_mega.config import load_config
-    from agentgym_mega.rollout.engines import SamplingConfig
     from agentgym_mega.rollout.engines.vllm_engine import VLLMEngine
     from agentgym_mega.rollout.manager import RolloutManager
     from agentgym_mega.rollout.tasks import select_tasks
@@ -89,11 +88,11 @@ def run(modes: list[str], workload: str, tasks: int, n_per_task: int, latency_ms
         caps = [CAPS[i % len(CAPS)] for i in range(len(picked))]
         engine = VLLMEngine(demo.model.path, max_model_len=demo.rollout.max_model_len)
         tokenizer = AutoTokenizer.from_pretrained(demo.model.path)
-        sampling = SamplingConfig(demo.rollout.temperature, demo.rollout.top_p, demo.rollout.max_tokens_per_turn)
         try:
-            managers = {m: RolloutManager([engine], env, tokenizer, sampling, demo.rollout.max_model_len, mode=m,
-                                          env_group_window_s=demo.rollout.env_group_window_ms / 1000)
-                        for m in modes}
+            managers = {}
+            for mode in modes:  # the demo's rollout settings, in each mode
+                demo.rollout.mode = mode
+                managers[mode] = RolloutManager.from_config(demo, [engine], env, tokenizer)
             managers[modes[0]].collect(picked[:2], 1, 1, seed=(0, 0))  # warm-up
             for _ in range(repeats):
                 for mode in modes:
