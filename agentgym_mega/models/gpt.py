@@ -7,6 +7,7 @@ stage's layers (embedding on the first stage, final norm and LM head on the last
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -195,6 +196,49 @@ class ValueHead(torch.nn.Module):
 
 
 @functools.cache
+def sdpa_attention() -> type:
+    """megatron's local-spec core attention computed by ``torch.nn.functional.scaled_dot_product_attention``
+    (defined on first use, like :func:`value_gpt_model`).
+
+    megatron's ``DotProductAttention`` materialises every ``[b, heads, s, s]`` score matrix, masks
+    it and keeps the probabilities for the backward pass; where Transformer Engine is absent (CPU)
+    that was a third of a training step's time at 600-token sequences. torch's fused kernel
+    computes the same causal attention blockwise. Only the case the workers run is taken over:
+    causal, no explicit mask, vanilla softmax, no window; anything else goes to megatron's own path.
+    """
+    from megatron.core import tensor_parallel
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    class SdpaAttention(DotProductAttention):
+        def _fused(self, attention_mask, attn_mask_type) -> bool:
+            config = self.config
+            return (attention_mask is None and (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal
+                    and config.softmax_type == "vanilla" and config.window_size is None
+                    and not config.apply_query_key_layer_scaling)
+
+        def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                    packed_seq_params=None):
+            if packed_seq_params is not None or attention_bias is not None \
+                    or not self._fused(attention_mask, attn_mask_type):
+                return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias,
+                                       packed_seq_params)
+            # [s, b, heads, d] -> [b, heads, s, d]; each query group serves its heads in place
+            query, key, value = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            dropout = self.attention_dropout.p if self.training else 0.0
+            rng = (tensor_parallel.get_cuda_rng_tracker().fork() if dropout and not self.config.sequence_parallel
+                   else contextlib.nullcontext())
+            with rng:
+                context = torch.nn.functional.scaled_dot_product_attention(
+                    query, key, value, dropout_p=dropout, is_causal=True, scale=self.softmax_scale,
+                    enable_gqa=self.num_attention_heads_per_partition > self.num_query_groups_per_partition)
+            batch, _, seq, _ = context.shape  # -> [s, b, heads * d]
+            return context.permute(2, 0, 1, 3).reshape(seq, batch, self.hidden_size_per_partition)
+
+    return SdpaAttention
+
+
+@functools.cache
 def value_gpt_model() -> type:
     """The critic's model class: GPTModel with a :class:`ValueHead` in place of the LM head on
     the last stage (defined on first use: megatron is imported only when a model is built)."""
@@ -232,6 +276,7 @@ def build_gpt(hf_config, layout: Layout, dtype: torch.dtype, value_head: bool = 
         spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
     else:
         spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+        spec.submodules.self_attention.submodules.core_attention = sdpa_attention()
     tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
     model_class = value_gpt_model() if value_head else GPTModel
     model = model_class(

@@ -334,3 +334,31 @@ def offload_job(hf_dir: str) -> dict:
     return {"plain_metrics": plain_metrics, "plain_after": plain_after, "metrics": metrics, "after": after,
             "exported_while_released": exported_while_released, "freed": freed,
             "ref_before": ref_before, "ref_after": ref_after, "critic_losses": critic_losses}
+
+
+def attention_job(hf_dir: str) -> dict:
+    """The built model's core attention class, and torch's fused attention (SdpaAttention)
+    against megatron's DotProductAttention on the same query groups, in the forward and backward
+    pass; once more with an explicit mask, which SdpaAttention hands to megatron's path."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from agentgym_mega.models import gpt
+
+    platform.init_distributed(tp=1, pp=1, seed=0)
+    hf_config = gpt.load_hf_config(hf_dir)
+    model = gpt.build_gpt(hf_config, gpt.Layout(), torch.float32)
+    config = gpt.transformer_config(hf_config, gpt.Layout(), torch.float32)
+    heads, groups, dim = config.num_attention_heads, config.num_query_groups, config.kv_channels
+    g = torch.Generator().manual_seed(0)
+    qkv = [torch.randn(9, 3, n, dim, generator=g) for n in (heads, groups, groups)]
+    mask = torch.ones(9, 9, dtype=torch.bool).triu(1).expand(3, 1, 9, 9)  # True: masked out (causal)
+    out = {"core_attention": type(model.decoder.layers[0].self_attention.core_attention).__name__}
+    for name, cls in (("sdpa", gpt.sdpa_attention()), ("megatron", DotProductAttention)):
+        module = cls(config=config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+        for masked in (False, True):
+            inputs = [t.clone().requires_grad_() for t in qkv]
+            context = module(*inputs, mask if masked else None)
+            context.square().sum().backward()
+            out[f"{name}_{'mask' if masked else 'causal'}"] = [context.detach()] + [t.grad for t in inputs]
+    return out
