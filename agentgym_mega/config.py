@@ -250,7 +250,7 @@ class TrainerConfig:
     ppo_epochs: StrictInt = 1
     # How each rank cuts its share of a batch for the forward/backward passes (log-probs, values,
     # updates): `micro_batch_size` sequences at a time (null: all at once), or, when
-    # `max_tokens_per_gpu` is set, balanced bins of whole sequences within that many (padded)
+    # `max_tokens_per_gpu` is set, bins of like-length whole sequences within that many (padded)
     # tokens. One micro-batch's activations and logits are what a GPU holds at a time.
     micro_batch_size: Optional[StrictInt] = None
     max_tokens_per_gpu: Optional[StrictInt] = None

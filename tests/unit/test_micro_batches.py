@@ -9,14 +9,19 @@ LENGTHS = [24, 10, 17, 5, 24, 12, 8, 20]  # 120 real tokens
 
 
 def test_bins_by_hand():
-    # ceil(120 / 48) = 3 bins first: longest first into the emptiest gives [24, 12, 5], whose
-    # padded size 24 x 3 = 72 > 48. So 4 bins: [24], [24], [20], [17]; then 12 -> the 17's (29),
-    # 10 -> the 20's (30), 8 -> the first 24's (32; ties go to the first), 5 -> the second 24's.
+    # Longest first: 24, 24, 20, 17, 12, 10, 8, 5. A third sequence in the 24s' bin would pad to
+    # 72 > 48, so 20 opens a bin; 12 would make it 60, so 12 opens one, which takes 10, 8 and 5
+    # (12 x 4 = 48). 136 padded tokens for 120 real ones.
     bins = token_bins(LENGTHS, 48)
-    assert bins == [[0, 6], [3, 4], [1, 7], [2, 5]]
-    assert [padded_width(max(LENGTHS[i] for i in b)) * len(b) for b in bins] == [48, 48, 40, 34]
+    assert bins == [[0, 4], [2, 7], [1, 3, 5, 6]]
+    assert [padded_width(max(LENGTHS[i] for i in b)) * len(b) for b in bins] == [48, 40, 48]
     assert token_bins([5, 5, 5, 5], 100) == [[0, 1, 2, 3]]
-    assert token_bins([5, 5, 5, 5], 100, min_bins=2) == [[0, 2], [1, 3]]
+    # Too few bins for the other DP ranks: the bin with the most padded tokens is halved, the
+    # longer sequences in its first half.
+    assert token_bins([5, 5, 5, 5], 100, min_bins=2) == [[0, 1], [2, 3]]
+    assert token_bins(LENGTHS, 48, min_bins=4) == [[0], [4], [2, 7], [1, 3, 5, 6]]
+    # then the 12-10-8-5 bin (48) splits into 12, 10 and 8, 5
+    assert token_bins(LENGTHS, 48, min_bins=5) == [[0], [4], [2, 7], [1, 5], [3, 6]]
     assert padded_width(17, 2) == 18 and padded_width(18, 2) == 18 and padded_width(0) == 1
     assert fixed_bins(5, 2) == [[0, 1], [2, 3], [4]] and fixed_bins(3, None) == [[0, 1, 2]]
     with pytest.raises(BadInput, match="a sequence of 25 tokens .* at least 26"):
