@@ -235,9 +235,10 @@ class TrainerRank:
             self.worker = MegatronActor(hf_dir, self.cfg, trainable=role == "actor")
         self.synchronizer = None
 
-    def logprobs(self, input_ids: torch.Tensor, temperature: float,
-                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.worker.logprobs(input_ids, temperature=temperature, attention_mask=attention_mask)["logprobs"]
+    def logprobs(self, input_ids: torch.Tensor, temperature: float, attention_mask: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None) -> torch.Tensor:
+        return self.worker.logprobs(input_ids, temperature=temperature, attention_mask=attention_mask,
+                                    positions=positions)["logprobs"]
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.worker.values(input_ids, attention_mask=attention_mask)
@@ -399,11 +400,12 @@ class PolicyGroup(TrainerGroup):
     def __init__(self, cfg, hf_dir: str, *, trainable: bool = True, placement: Placement | None = None):
         super().__init__(cfg, hf_dir, "actor" if trainable else "ref", placement)
 
-    def logprobs(self, input_ids: torch.Tensor, temperature: float,
-                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def logprobs(self, input_ids: torch.Tensor, temperature: float, attention_mask: torch.Tensor | None = None,
+                 positions: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, T]`` log-probs of ``input_ids`` at ``temperature`` (position 0 holds 0; with an
-        ``attention_mask``, 0 past each micro-batch's longest sequence)."""
-        return self._call("logprobs", input_ids, temperature, attention_mask)
+        ``attention_mask``, 0 past each micro-batch's longest sequence; with ``positions``, e.g.
+        the loss mask, computed only there and 0 elsewhere)."""
+        return self._call("logprobs", input_ids, temperature, attention_mask, positions)
 
     def update(self, batch: dict, temperature: float) -> dict:
         """One optimizer step on ``batch`` (input_ids, loss_mask, old_logprobs, advantages and,

@@ -171,7 +171,8 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
             with timer("logprob"):
                 batch.old_logprobs = _old_logprobs(stack, batch, cfg)
                 if stack.ref is not None:
-                    batch.ref_logprobs = stack.ref.logprobs(batch.input_ids, temperature, batch.attention_mask)
+                    batch.ref_logprobs = stack.ref.logprobs(batch.input_ids, temperature, batch.attention_mask,
+                                                            batch.loss_mask)
             if stack.critic is not None:
                 with timer("values"):
                     batch.values = stack.critic.values(batch.input_ids, batch.attention_mask)
@@ -245,10 +246,11 @@ def _ref_kl(batch, cfg) -> dict:
 def _old_logprobs(stack: Stack, batch, cfg) -> torch.Tensor:
     """The PPO ratio's denominator. One step off-policy without truncated importance weights:
     the engines' own log-probs, the behaviour policy. Otherwise the trainer's, recomputed with
-    the weights it starts the step with (on-policy, those that sampled)."""
+    the weights it starts the step with (on-policy, those that sampled), on trained tokens only
+    (every use of them is masked by the loss mask)."""
     if cfg.trainer.off_policy_steps and cfg.algorithm.tis_cap is None:
         return batch.rollout_logprobs
-    return stack.actor.logprobs(batch.input_ids, cfg.rollout.temperature, batch.attention_mask)
+    return stack.actor.logprobs(batch.input_ids, cfg.rollout.temperature, batch.attention_mask, batch.loss_mask)
 
 
 def _truncate_importance(batch, cap: float | None) -> dict:

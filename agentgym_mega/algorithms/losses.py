@@ -104,7 +104,8 @@ def actor_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: dict, cfg) -> t
     aggregated like the loss (with token-mean, clip_fraction is the share of clipped tokens)."""
     surrogate, took_clip = clipped_surrogate(logp, batch["old_logprobs"], batch["advantages"],
                                              cfg.clip, cfg.dual_clip)
-    per_token = surrogate - cfg.entropy_coef * entropy
+    # Without a bonus the entropy stays out of the graph, so the head skips its gradient terms.
+    per_token = surrogate - cfg.entropy_coef * entropy if cfg.entropy_coef else surrogate
     terms = {"pg_loss": surrogate, "entropy": entropy, "clip_fraction": took_clip}
     if cfg.kl_in == "loss" and cfg.kl_coef > 0:
         kl = kl_penalty(logp, batch["ref_logprobs"], cfg.kl_type)

@@ -39,10 +39,12 @@ class _LogprobsAndEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, vocab: int, temperature: float, group):
+        ctx.set_materialize_grads(False)  # an output the loss does not use gets no gradient terms
         shard = logits.shape[-1]
         start = torch.distributed.get_rank(group) * shard if group is not None else 0
         x = logits.float() / temperature  # a new tensor, the one copy kept
-        x.masked_fill_(torch.arange(start, start + shard, device=x.device) >= vocab, _PADDED_LOGIT)
+        if start + shard > vocab:
+            x.masked_fill_(torch.arange(start, start + shard, device=x.device) >= vocab, _PADDED_LOGIT)
         top = x.max(dim=-1, keepdim=True).values
         local = targets - start
         mine = (local >= 0) & (local < shard)
@@ -67,26 +69,39 @@ class _LogprobsAndEntropy(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_entropy):
         x, log_norm, entropy, local, mine = ctx.saved_tensors
         log_p = x.sub_(log_norm.unsqueeze(-1))  # x is not needed past this point
-        p = log_p.exp()
-        # dL/dx = g_lp (onehot - p) - g_H p (log p + H), built in log_p's memory
-        grad = log_p.add_(entropy.unsqueeze(-1)).mul_(grad_entropy.unsqueeze(-1)).add_(grad_logp.unsqueeze(-1))
-        grad.mul_(p).neg_()
-        del p
+        if grad_logp is None:
+            grad_logp = torch.zeros_like(entropy)
+        if grad_entropy is None:  # dL/dx = g_lp (onehot - p), built in log_p's memory
+            grad = log_p.exp_().mul_(grad_logp.neg().unsqueeze(-1))
+        else:  # dL/dx = g_lp (onehot - p) - g_H p (log p + H), built in log_p's memory
+            p = log_p.exp()
+            grad = log_p.add_(entropy.unsqueeze(-1)).mul_(grad_entropy.unsqueeze(-1)).add_(grad_logp.unsqueeze(-1))
+            grad.mul_(p).neg_()
+            del p
         grad.scatter_add_(-1, local.clamp(0, grad.shape[-1] - 1).unsqueeze(-1),
                           (grad_logp * mine).unsqueeze(-1))
         return grad.div_(ctx.temperature).to(ctx.dtype), None, None, None, None
 
 
 def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, vocab: int,
-                               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                               temperature: float = 1.0, positions: torch.Tensor | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """``logits``: this TP rank's ``[b, T, V_padded / tp]`` shard. Returns ``[b, T]`` log-probs of
     ``input_ids`` and entropies, aligned as the module docstring says; differentiable, and the
-    full vocabulary is never gathered."""
+    full vocabulary is never gathered. ``positions`` (``[b, T]``, nonzero where wanted, e.g. a
+    loss mask): only those are computed, the rest hold 0. Agent episodes are mostly prompt and
+    observation tokens, so this spares most of the head's softmax work and its fp32 copy."""
     from megatron.core import parallel_state
 
     group = parallel_state.get_tensor_model_parallel_group()
     group = group if torch.distributed.get_world_size(group) > 1 else None
-    logp, entropy = _LogprobsAndEntropy.apply(logits[:, :-1], input_ids[:, 1:], vocab, temperature, group)
+    logits, targets = logits[:, :-1], input_ids[:, 1:]
+    if positions is None:
+        logp, entropy = _LogprobsAndEntropy.apply(logits, targets, vocab, temperature, group)
+    else:
+        rows = positions[:, 1:].bool()
+        logp, entropy = _LogprobsAndEntropy.apply(logits[rows], targets[rows], vocab, temperature, group)
+        logp, entropy = (rows.new_zeros(rows.shape, dtype=t.dtype).masked_scatter(rows, t) for t in (logp, entropy))
     return F.pad(logp, (1, 0)), F.pad(entropy, (1, 0))
 
 
@@ -110,28 +125,31 @@ class MegatronActor(ModelWorker):
         return self.infer({"input_ids": input_ids}, head, ("logits",), micro_batch_size)["logits"]
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float = 1.0, micro_batch_size: int | None = None,
-                 attention_mask: torch.Tensor | None = None) -> dict:
+                 attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> dict:
         """``{"logprobs": [B, T], "entropy": [B, T]}`` for ``input_ids [B, T]`` (with an
-        ``attention_mask``, micro-batches are only as wide as their sequences)."""
+        ``attention_mask``, micro-batches are only as wide as their sequences; with
+        ``positions``, e.g. the loss mask, only those are computed and the rest hold 0)."""
         vocab = self.hf_config.vocab_size
 
         def head(logits, mb):
             with torch.no_grad():
-                logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"], vocab, temperature)
+                logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"], vocab, temperature, mb.get("positions"))
             return logp.sum() * 0, {"logprobs": logp, "entropy": ent}
 
-        batch = {"input_ids": input_ids} | ({} if attention_mask is None else {"attention_mask": attention_mask})
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "positions": positions}
+        batch = {k: v for k, v in batch.items() if v is not None}
         return self.infer(batch, head, ("logprobs", "entropy"), micro_batch_size)
 
     def update(self, batch: dict, loss_fn: PolicyLossFn, temperature: float = 1.0,
                micro_batch_size: int | None = None) -> dict:
         """One optimizer step: ``loss_fn`` gets the differentiable log-probs and entropy of each
         micro-batch of this DP rank's slice of ``batch`` (which holds ``input_ids`` and whatever
-        the loss needs)."""
+        the loss needs). With a ``loss_mask`` in ``batch``, log-probs and entropy are computed
+        only where it is set (0 elsewhere): the loss must not look past it."""
         vocab = self.hf_config.vocab_size
 
         def head(logits, mb):
-            logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"], vocab, temperature)
+            logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"], vocab, temperature, mb.get("loss_mask"))
             return loss_fn(logp, ent, mb)
 
         return self.train_step(batch, head, micro_batch_size)

@@ -1,6 +1,8 @@
 """The fused log-prob and entropy head (models/actor.py) against plain torch on the whole
 vocabulary: values and gradients, with temperature and vocabulary padding, at TP=1 and TP=2
-(each rank holding half of the padded vocabulary). Tolerance 1e-5 (fp32)."""
+(each rank holding half of the padded vocabulary); also with a loss using the log-probs only
+(the entropy's gradient terms skipped), and computed only at chosen positions (0 elsewhere, and
+no gradient from there). Tolerance 1e-5 (fp32)."""
 
 import pytest
 import torch
@@ -15,38 +17,54 @@ def inputs():
     logits = torch.randn(3, 9, PADDED, generator=g) * 3
     ids = torch.randint(0, VOCAB, (3, 9), generator=g)
     weights = torch.randn(2, 3, 9, generator=g)
-    return logits, ids, weights
+    positions = torch.rand(3, 9, generator=g) < 0.4
+    return logits, ids, weights, positions
 
 
-def head_job(tp: int) -> dict:
+CASES = ("both", "logp_only", "positions")
+
+
+def head_job(tp: int, case: str) -> dict:
     from megatron.core import parallel_state
 
     from agentgym_mega import platform
     from agentgym_mega.models.actor import token_logprobs_and_entropy
 
     platform.init_distributed(tp=tp, pp=1, seed=0)
-    logits, ids, weights = inputs()
+    logits, ids, weights, positions = inputs()
     rank, shard = parallel_state.get_tensor_model_parallel_rank(), PADDED // tp
     mine = logits[..., rank * shard:(rank + 1) * shard].clone().requires_grad_()
-    logp, entropy = token_logprobs_and_entropy(mine, ids, VOCAB, TEMPERATURE)
-    ((logp * weights[0]).sum() + (entropy * weights[1]).sum()).backward()
+    logp, entropy = token_logprobs_and_entropy(mine, ids, VOCAB, TEMPERATURE,
+                                               positions if case == "positions" else None)
+    loss = (logp * weights[0]).sum()
+    if case != "logp_only":
+        loss = loss + (entropy * weights[1]).sum()
+    loss.backward()
     return {"logp": logp.detach(), "entropy": entropy.detach(), "grad": mine.grad}
 
 
-def reference() -> dict:
-    logits, ids, weights = inputs()
+def reference(case: str) -> dict:
+    logits, ids, weights, positions = inputs()
     logits = logits.requires_grad_()
     log_p = torch.log_softmax(logits[..., :VOCAB] / TEMPERATURE, dim=-1)[:, :-1]
     logp = torch.nn.functional.pad(log_p.gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))
     entropy = torch.nn.functional.pad(-(log_p.exp() * log_p).sum(-1), (1, 0))
-    ((logp * weights[0]).sum() + (entropy * weights[1]).sum()).backward()
+    if case == "positions":  # position 0 has no prediction: it is never computed
+        keep = positions & (torch.arange(9) > 0)
+        logp, entropy = logp * keep, entropy * keep
+    loss = (logp * weights[0]).sum() + (0 if case == "logp_only" else (entropy * weights[1]).sum())
+    loss.backward()
     return {"logp": logp.detach(), "entropy": entropy.detach(), "grad": logits.grad}
 
 
+@pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("tp", [1, 2])
-def test_fused_head_matches_log_softmax_and_its_gradients(tp):
-    want = reference()
-    ranks = run_on_local_ranks(head_job, tp, tp)
+def test_fused_head_matches_log_softmax_and_its_gradients(tp, case):
+    want = reference(case)
+    ranks = run_on_local_ranks(head_job, tp, tp, case)
+    if case == "positions":  # half the positions unset, so the zeros and the gradient gaps are tested
+        unset = ~inputs()[3]
+        assert unset[:, 1:].any() and (want["logp"][unset] == 0).all() and want["logp"].abs().max() > 0.1
     for rank, got in enumerate(ranks):
         for key in ("logp", "entropy"):
             assert torch.allclose(got[key], want[key], atol=1e-5, rtol=1e-5), (key, (got[key] - want[key]).abs().max())
