@@ -24,7 +24,7 @@ class BenchSpec:
     batch: int = 4
     seq: int = 256
     # Steps of ~0.4 s: 2 warm-up and 5 timed steps read megatron 0.84-0.90 of transformers and 5
-    # and 10 read 0.92-0.94 on the same code (its first steps still allocate).
+    # and 10 read 0.90-0.94 on the same code (its first steps still allocate).
     warmup: int = 5
     iters: int = 10
     threads: int = 1  # per process
