@@ -62,12 +62,15 @@ class Evaluator:
             raise ValueError(f"no {cfg.eval.split} tasks to evaluate on (check env.categories and eval.limit)")
         self.manager, self.tasks, self.n = manager, tasks, cfg.eval.n
         self.max_turns = cfg.eval.max_turns or envs.eval_max_turns(cfg.env.name)
+        # Every evaluation samples with the same request seeds (step -1, which training never
+        # uses): evaluations of equal weights, in this run or another, read the same.
+        self.seed = (cfg.trainer.seed, -1) if cfg.rollout.seeded else None
         self.out = os.path.join(cfg.trainer.output_dir, "eval")
         self.history: list[tuple[int, float]] = []  # (step, success rate) of each evaluation
 
     def __call__(self, step: int) -> tuple[dict, str]:
         """(metrics, printable table) of the policy the engines serve at ``step``."""
-        report = summarize(self.manager.collect(self.tasks, self.n, self.max_turns).episodes, self.n)
+        report = summarize(self.manager.collect(self.tasks, self.n, self.max_turns, seed=self.seed).episodes, self.n)
         report.update(step=step, max_turns=self.max_turns)
         os.makedirs(self.out, exist_ok=True)
         with open(os.path.join(self.out, f"step_{step}.json"), "w") as f:

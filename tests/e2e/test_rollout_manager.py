@@ -236,3 +236,29 @@ def test_dynamic_sampling_keeps_groups_with_spread_and_repeats(stack):
     assert metrics["rollout/groups_flat_kept"] == 3 - kept_spread
     assert kept_spread == 3 or position == 6  # short of spread only once the draws are spent
     assert position_again == position and torch.equal(batch.input_ids, again.input_ids)
+
+
+def test_evaluations_of_the_same_weights_sample_the_same_episodes(stack, tmp_path):
+    """Evaluation requests are seeded (step -1 of the run's seed): two evaluations of equal
+    weights play the same tokens, so held-out comparisons carry no sampling noise."""
+    from agentgym_mega.config import load_config
+    from agentgym_mega.evaluation import Evaluator
+    from agentgym_mega.rollout.env_client import EnvClient
+
+    cfg = load_config(None, ["env.name=textcraft", "rollout.max_tokens_per_turn=8", "rollout.max_model_len=2048",
+                             "eval.n=2", "eval.max_turns=2", f"trainer.output_dir={tmp_path}"])
+    managed = RolloutManager.from_config(cfg, [stack["engine"]], EnvClient(stack["urls"][:1]), stack["tokenizer"])
+    batches = []
+
+    class Recording:
+        def collect(self, *args, **kwargs):
+            batches.append(managed.collect(*args, **kwargs))
+            return batches[-1]
+
+    evaluate = Evaluator(Recording(), [Task(3), Task(130)], cfg)
+    first, _ = evaluate(0)
+    again, _ = evaluate(1)
+    assert first == again and torch.equal(batches[0].input_ids, batches[1].input_ids)
+    replies = [tuple(batches[0].input_ids[r][batches[0].loss_mask[r].bool()].tolist()) for r in range(4)]
+    assert replies[0] != replies[1]  # each request its own seed, not one seed for all
+    assert (tmp_path / "eval" / "step_1.json").exists()
