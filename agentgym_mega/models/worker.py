@@ -15,6 +15,7 @@ batch's results in order, ``[B, T, ...]`` (0 past a sequence's micro-batch width
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -29,6 +30,23 @@ from agentgym_mega.models.micro_batches import fixed_bins, padded_width, token_b
 HeadFn = Callable[[torch.Tensor, dict], tuple]
 
 
+@functools.cache
+def data_parallel() -> type:
+    """megatron's ``DistributedDataParallel`` minus the gradient reduction over a data-parallel
+    group of one rank (defined on first use: megatron is imported only when a model is built).
+    There the reduction is an identity (per-token losses keep every gradient scaling factor at
+    1, and the grads are reduced synchronously), yet gloo still runs it as a clone of the whole
+    gradient buffer and a copy back: 2-3% of a CPU training step."""
+    from megatron.core.distributed import DistributedDataParallel
+
+    class DataParallel(DistributedDataParallel):
+        def finish_grad_sync(self, force_all_reduce: bool = False):
+            if self.dp_cp_group.size() > 1 or self.expert_parallel_bucket_groups:
+                super().finish_grad_sync(force_all_reduce)
+
+    return DataParallel
+
+
 def lr_decay_steps(trainer) -> int:
     """Optimizer steps in the whole run: one per mini-batch, per PPO epoch, per RL step."""
     return trainer.total_steps * (trainer.batch_size // trainer.mini_batch_size) * trainer.ppo_epochs
@@ -39,11 +57,7 @@ class ModelWorker:
                  load_weights: bool = True):
         """``hf_dir``: the HF model (config, tokenizer and, with ``load_weights``, the weights;
         without, the weights come from :meth:`load_checkpoint`)."""
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
+        from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
 
         self.hf_dir = hf_dir
         self.hf_config = gpt.load_hf_config(hf_dir)
@@ -72,7 +86,7 @@ class ModelWorker:
         # and divides the gradients by the global count, so a DP slice weighs by its share of the
         # trained tokens (or sequences) rather than by 1 / dp.
         config.calculate_per_token_loss = True
-        self.model = DistributedDataParallel(
+        self.model = data_parallel()(
             config=config,
             ddp_config=DistributedDataParallelConfig(
                 grad_reduce_in_fp32=True, use_distributed_optimizer=True, overlap_grad_reduce=False
