@@ -148,11 +148,12 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype):
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
-        # The fused kernels are CUDA-only; the unfused paths compute the same thing.
+        # The fused kernels are CUDA-only; the unfused paths compute the same thing. The weight
+        # gradients' accumulation into main_grad has a CPU stand-in (platform.cpu_megatron).
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
-        gradient_accumulation_fusion=False,
+        gradient_accumulation_fusion=platform.cpu_megatron.is_enabled(),
         apply_rope_fusion=False,
         **recompute,
     )

@@ -10,7 +10,9 @@ make the CPU look like "device 0" to it:
   (which is what megatron's grad clipping and distributed optimizer assert on);
 * the ``torch.cuda`` calls megatron makes get CPU stand-ins (streams and events become
   synchronous no-ops, the CUDA RNG becomes the CPU generator);
-* megatron's own CUDA RNG helpers are pointed at the CPU generator.
+* megatron's own CUDA RNG helpers are pointed at the CPU generator;
+* apex's weight-gradient accumulation kernel gets a CPU stand-in, so that megatron's
+  ``gradient_accumulation_fusion`` works here too (:class:`WgradAccumulation`).
 
 Everything here is installed only by :func:`enable`, which does nothing when CUDA is available,
 so GPU behaviour is untouched.
@@ -173,8 +175,25 @@ def _patch_torch_cuda():
     torch.cuda.nvtx.range = lambda *a, **k: contextlib.nullcontext()
 
 
+class WgradAccumulation:
+    """Stand-in for apex's ``fused_weight_gradient_mlp_cuda``: the weight-gradient GEMM of
+    megatron's linear layers adds straight into the parameter's fp32 ``main_grad``. Unfused,
+    megatron computes each weight gradient into a new tensor that DDP's hook then adds to
+    ``main_grad``: one more allocation and pass over every gradient per micro-batch."""
+
+    @staticmethod
+    def wgrad_gemm_accum_fp32(total_input, grad_output, main_grad):
+        main_grad.addmm_(grad_output.t().to(main_grad.dtype), total_input.to(main_grad.dtype))
+
+    wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32
+
+
 def _patch_megatron():
+    from megatron.core.tensor_parallel import layers
     from megatron.core.tensor_parallel import random as mp_random
+
+    layers.fused_weight_gradient_mlp_cuda = WgradAccumulation
+    layers._grad_accum_fusion_available = True
 
     mp_random._get_cuda_rng_state = lambda *a, clone=False, **k: (
         torch.get_rng_state().clone() if clone else torch.get_rng_state()
