@@ -27,10 +27,10 @@ PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, dict], tuple[torch.Tensor, 
 
 
 class _LogprobsAndEntropy(torch.autograd.Function):
-    """Log-probs of the targets and entropies from TP-sharded logits in one pass that keeps a
-    single fp32 copy of the logits for the backward pass, which recomputes the softmax from it
-    (megatron's cross entropy plus an autograd entropy kept about three more). Peak: three fp32
-    copies of one micro-batch's logits shard, in the forward and the backward pass alike.
+    """Log-probs of the targets and entropies from TP-sharded logits ``[..., V / tp]`` in one pass
+    that keeps a single fp32 tensor of the logits' size, ``log p`` itself, for the backward pass
+    (megatron's cross entropy plus an autograd entropy kept about three). Peak: two fp32 copies
+    of one micro-batch's logits shard, in the forward and the backward pass alike.
 
     With ``x`` the scaled logits, ``log p = x - m - log z`` over the whole vocabulary (``m`` its
     max, ``z = sum exp(x - m)``, both reduced over the TP group), ``logp = log p[target]`` and
@@ -42,33 +42,35 @@ class _LogprobsAndEntropy(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # an output the loss does not use gets no gradient terms
         shard = logits.shape[-1]
         start = torch.distributed.get_rank(group) * shard if group is not None else 0
-        x = logits.float() / temperature  # a new tensor, the one copy kept
+        x = logits.float()  # the logits themselves when they are fp32: every step below is out of place
+        if temperature != 1.0:
+            x = x / temperature
         if start + shard > vocab:
-            x.masked_fill_(torch.arange(start, start + shard, device=x.device) >= vocab, _PADDED_LOGIT)
-        top = x.max(dim=-1, keepdim=True).values
-        local = targets - start
-        mine = (local >= 0) & (local < shard)
-        target_logit = x.gather(-1, local.clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1) * mine
+            x = x.masked_fill(torch.arange(start, start + shard, device=x.device) >= vocab, _PADDED_LOGIT)
+        top = x.amax(dim=-1, keepdim=True)  # not max(): finding the indices too is 10x slower on CPU
         if group is not None:
             torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=group)
-        shifted = x - top
-        exp = shifted.exp()
-        sums = torch.stack([exp.sum(-1), exp.mul_(shifted).sum(-1), target_logit])
-        del exp, shifted
+        log_p = x - top  # the one copy kept; log p once log z is subtracted below
+        del x
+        local = targets - start
+        mine = (local >= 0) & (local < shard)
+        target = log_p.gather(-1, local.clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1) * mine
+        exp = log_p.exp()
+        sums = torch.stack([exp.sum(-1), exp.mul_(log_p).sum(-1), target])
+        del exp
         if group is not None:
             torch.distributed.all_reduce(sums, group=group)
-        z, weighted, target_logit = sums
+        z, weighted, target = sums
         log_z = z.log()
-        top = top.squeeze(-1)
+        log_p.sub_(log_z.unsqueeze(-1))
         entropy = log_z - weighted / z
-        ctx.save_for_backward(x, top + log_z, entropy, local, mine)
+        ctx.save_for_backward(log_p, entropy, local, mine)
         ctx.temperature, ctx.dtype = temperature, logits.dtype
-        return target_logit - top - log_z, entropy
+        return target - log_z, entropy
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        x, log_norm, entropy, local, mine = ctx.saved_tensors
-        log_p = x.sub_(log_norm.unsqueeze(-1))  # x is not needed past this point
+        log_p, entropy, local, mine = ctx.saved_tensors
         if grad_logp is None:
             grad_logp = torch.zeros_like(entropy)
         if grad_entropy is None:  # dL/dx = g_lp (onehot - p), built in log_p's memory
@@ -80,29 +82,50 @@ class _LogprobsAndEntropy(torch.autograd.Function):
             del p
         grad.scatter_add_(-1, local.clamp(0, grad.shape[-1] - 1).unsqueeze(-1),
                           (grad_logp * mine).unsqueeze(-1))
-        return grad.div_(ctx.temperature).to(ctx.dtype), None, None, None, None
+        if ctx.temperature != 1.0:
+            grad.div_(ctx.temperature)
+        return grad.to(ctx.dtype), None, None, None, None
+
+
+def logit_rows(positions: torch.Tensor) -> torch.Tensor:
+    """``[b, T]`` positions wanted (nonzero) -> ``[b, T]`` the logit rows that predict them: row
+    ``t`` predicts token ``t + 1``. The policy model's ``loss_mask`` keyword."""
+    return F.pad(positions[:, 1:], (0, 1))
 
 
 def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, vocab: int,
                                temperature: float = 1.0, positions: torch.Tensor | None = None
                                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits``: this TP rank's ``[b, T, V_padded / tp]`` shard. Returns ``[b, T]`` log-probs of
-    ``input_ids`` and entropies, aligned as the module docstring says; differentiable, and the
-    full vocabulary is never gathered. ``positions`` (``[b, T]``, nonzero where wanted, e.g. a
-    loss mask): only those are computed, the rest hold 0. Agent episodes are mostly prompt and
-    observation tokens, so this spares most of the head's softmax work and its fp32 copy."""
+    """``logits``: this TP rank's ``[T, b, V_padded / tp]`` shard, in megatron's sequence-first
+    order (:func:`agentgym_mega.models.gpt.policy_gpt_model`). Returns ``[b, T]`` log-probs of
+    ``input_ids [b, T]`` and entropies, aligned as the module docstring says; differentiable, and
+    the full vocabulary is never gathered. ``positions`` (``[b, T]``, nonzero where wanted, e.g.
+    a loss mask): only those are computed, the rest hold 0; ``logits`` may then be just the
+    ``[n, V_padded / tp]`` rows that predict them (the policy model given
+    ``loss_mask=logit_rows(positions)``). Agent episodes are mostly prompt and observation
+    tokens, so this spares most of the head's work and its fp32 copies."""
     from megatron.core import parallel_state
 
     group = parallel_state.get_tensor_model_parallel_group()
     group = group if torch.distributed.get_world_size(group) > 1 else None
-    logits, targets = logits[:, :-1], input_ids[:, 1:]
+    # The logits at t predict input_ids[t + 1]. The last position's have no target: they get a
+    # dummy one and their results are dropped, rather than slicing the logits, whose gradient
+    # would then be copied into a zeroed tensor of the full size.
+    targets = F.pad(input_ids[:, 1:], (0, 1)).t()
     if positions is None:
         logp, entropy = _LogprobsAndEntropy.apply(logits, targets, vocab, temperature, group)
     else:
-        rows = positions[:, 1:].bool()
-        logp, entropy = _LogprobsAndEntropy.apply(logits[rows], targets[rows], vocab, temperature, group)
+        rows = logit_rows(positions).bool().t()
+        if logits.dim() == 3:  # every row was computed
+            logits = logits[rows]
+        logp, entropy = _LogprobsAndEntropy.apply(logits, targets[rows], vocab, temperature, group)
         logp, entropy = (rows.new_zeros(rows.shape, dtype=t.dtype).masked_scatter(rows, t) for t in (logp, entropy))
-    return F.pad(logp, (1, 0)), F.pad(entropy, (1, 0))
+    return F.pad(logp.t()[:, :-1], (1, 0)), F.pad(entropy.t()[:, :-1], (1, 0))
+
+
+def _logits_at(key: str):
+    """The model's keywords for a micro-batch: logits only where they predict ``mb[key]``."""
+    return lambda mb: {"loss_mask": logit_rows(mb[key])}
 
 
 class MegatronActor(ModelWorker):
@@ -119,8 +142,9 @@ class MegatronActor(ModelWorker):
 
         vocab = self.hf_config.vocab_size
 
-        def head(logits, mb):
-            return logits.sum() * 0, {"logits": gather_from_tensor_model_parallel_region(logits)[..., :vocab]}
+        def head(logits, mb):  # [s, b, V / tp] -> [b, s, V]
+            whole = gather_from_tensor_model_parallel_region(logits)[..., :vocab]
+            return logits.sum() * 0, {"logits": whole.transpose(0, 1)}
 
         return self.infer({"input_ids": input_ids}, head, ("logits",), micro_batch_size)["logits"]
 
@@ -138,7 +162,8 @@ class MegatronActor(ModelWorker):
 
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "positions": positions}
         batch = {k: v for k, v in batch.items() if v is not None}
-        return self.infer(batch, head, ("logprobs", "entropy"), micro_batch_size)
+        return self.infer(batch, head, ("logprobs", "entropy"), micro_batch_size,
+                          _logits_at("positions") if positions is not None else None)
 
     def update(self, batch: dict, loss_fn: PolicyLossFn, temperature: float = 1.0,
                micro_batch_size: int | None = None) -> dict:
@@ -152,4 +177,4 @@ class MegatronActor(ModelWorker):
             logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"], vocab, temperature, mb.get("loss_mask"))
             return loss_fn(logp, ent, mb)
 
-        return self.train_step(batch, head, micro_batch_size)
+        return self.train_step(batch, head, micro_batch_size, _logits_at("loss_mask") if "loss_mask" in batch else None)

@@ -240,6 +240,44 @@ def sdpa_attention() -> type:
 
 
 @functools.cache
+def policy_gpt_model() -> type:
+    """The actor's model class: GPTModel whose last stage returns the logits in megatron's own
+    ``[s, b, V / tp]`` order, or only some of them (defined on first use, like
+    :func:`value_gpt_model`).
+
+    GPTModel hands logits out as ``[b, s, V]`` through a copy, and in the backward pass the
+    transposed gradient is copied twice more (megatron's output layer makes it contiguous for both
+    GEMMs). The log-prob head reads megatron's order instead.
+
+    ``loss_mask`` (GPTModel's keyword, ``[b, s]``) names the rows wanted: the output layer then
+    runs on those hidden states only and returns ``[n, V / tp]``, the rows in ``[s, b]`` order
+    (``hidden[loss_mask.t()]``). An agent's loss covers its own replies, a fraction of each
+    episode, so this spares the rest of the LM head's GEMMs and logits. Under sequence
+    parallelism the hidden states are split along the sequence until the output layer gathers
+    them, so there all rows are computed (``[s, b, V / tp]``). Labels, multi-token prediction and
+    inference contexts are GPTModel's business, never the policy's: they are refused."""
+    from megatron.core.models.gpt import GPTModel
+
+    class PolicyGPTModel(GPTModel):
+        def _postprocess(self, hidden_states, **kwargs):
+            if not self.post_process:
+                return hidden_states
+            if (kwargs.get("labels") is not None or kwargs.get("mtp_in_postprocess")
+                    or kwargs.get("inference_context") is not None):
+                raise NotImplementedError("the policy model returns logits only: no labels, "
+                                          "multi-token prediction or inference context")
+            rows = kwargs.get("loss_mask")
+            if rows is not None and not self.config.sequence_parallel:
+                hidden_states = hidden_states[rows.bool().t()]
+            weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
+            logits, _ = self.output_layer(hidden_states, weight=weight,
+                                          runtime_gather_output=kwargs.get("runtime_gather_output"))
+            return logits
+
+    return PolicyGPTModel
+
+
+@functools.cache
 def value_gpt_model() -> type:
     """The critic's model class: GPTModel with a :class:`ValueHead` in place of the LM head on
     the last stage (defined on first use: megatron is imported only when a model is built)."""
@@ -267,10 +305,11 @@ def value_gpt_model() -> type:
 
 def build_gpt(hf_config, layout: Layout, dtype: torch.dtype, value_head: bool = False):
     """This rank's ``GPTModel`` for ``hf_config``, uninitialised (fill it from
-    :mod:`agentgym_mega.models.weights` or a checkpoint). ``value_head``: the critic's scalar head replaces the
-    LM head, and embeddings are never tied."""
+    :mod:`agentgym_mega.models.weights` or a checkpoint): the policy's model, whose logits come
+    out ``[s, b, V / tp]``, or with ``value_head`` the critic's, whose scalar head replaces the LM
+    head (``[b, s, 1]``; embeddings are never tied)."""
     from megatron.core import parallel_state
-    from megatron.core.models.gpt import GPTModel, gpt_layer_specs
+    from megatron.core.models.gpt import gpt_layer_specs
 
     config = transformer_config(hf_config, layout, dtype)
     if te_available():
@@ -279,7 +318,7 @@ def build_gpt(hf_config, layout: Layout, dtype: torch.dtype, value_head: bool = 
         spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
         spec.submodules.self_attention.submodules.core_attention = sdpa_attention()
     tied = bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head
-    model_class = value_gpt_model() if value_head else GPTModel
+    model_class = value_gpt_model() if value_head else policy_gpt_model()
     model = model_class(
         config=config,
         transformer_layer_spec=spec,

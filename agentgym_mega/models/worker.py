@@ -28,6 +28,8 @@ from agentgym_mega.models.micro_batches import fixed_bins, padded_width, token_b
 # (model output on the last stage, micro-batch) -> (loss, results per sample) when only running
 # forward; when training (loss total, count, metric totals), see ModelWorker.train_step.
 HeadFn = Callable[[torch.Tensor, dict], tuple]
+# micro-batch -> keywords of the model's forward pass for it
+ModelKwargsFn = Callable[[dict], dict]
 
 
 @functools.cache
@@ -157,12 +159,13 @@ class ModelWorker:
         dist.all_gather(parts, local, group=group)
         return torch.cat(parts).cpu()
 
-    def infer(self, batch: dict, head: HeadFn, keys: tuple, micro_batch_size: int | None = None) -> dict:
+    def infer(self, batch: dict, head: HeadFn, keys: tuple, micro_batch_size: int | None = None,
+              model_kwargs: ModelKwargsFn | None = None) -> dict:
         """Forward only over this rank's DP slice; ``{key: [B, T, ...]}`` for the whole batch."""
         local = self.dp_slice(batch)
         size, seq = local["input_ids"].shape
         with torch.no_grad():
-            bins, results = self.run(local, head, micro_batch_size)
+            bins, results = self.run(local, head, micro_batch_size, model_kwargs=model_kwargs)
         out = {}
         for key in keys:
             first = results[0][key]
@@ -191,11 +194,13 @@ class ModelWorker:
         return fixed_bins(len(lengths), micro_batch_size or self.micro_batch_size)
 
     def run(self, batch: dict, head: HeadFn, micro_batch_size: int | None = None,
-            forward_only: bool = True) -> tuple[list[list[int]], list[dict]]:
+            forward_only: bool = True, model_kwargs: ModelKwargsFn | None = None
+            ) -> tuple[list[list[int]], list[dict]]:
         """Runs ``batch`` through the model in micro-batches; ``head`` turns the last stage's
         output into (loss, per-micro-batch results). Returns the rows of each micro-batch and
         its results, on every rank. With ``forward_only=False`` the losses are backpropagated
-        (grads accumulate)."""
+        (grads accumulate). ``model_kwargs`` gives the model's forward keywords for a
+        micro-batch (the policy's logit rows)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         size, seq = batch["input_ids"].shape
@@ -211,7 +216,8 @@ class ModelWorker:
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
             ids = mb["input_ids"]
-            output = model(ids, torch.arange(ids.shape[1], device=device).expand_as(ids), None)
+            output = model(ids, torch.arange(ids.shape[1], device=device).expand_as(ids), None,
+                           **(model_kwargs(mb) if model_kwargs else {}))
             return output, lambda out: head(out, mb)
 
         results = get_forward_backward_func()(
@@ -250,7 +256,8 @@ class ModelWorker:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    def train_step(self, batch: dict, head: HeadFn, micro_batch_size: int | None = None) -> dict:
+    def train_step(self, batch: dict, head: HeadFn, micro_batch_size: int | None = None,
+                   model_kwargs: ModelKwargsFn | None = None) -> dict:
         """One optimizer step on the whole ``batch``, each DP rank running its slice. ``head``
         returns ``(loss total, count, {metric: total})`` for a micro-batch: totals and counts add
         up over micro-batches and DP ranks, and the step's loss is their global ratio (megatron
@@ -264,7 +271,8 @@ class ModelWorker:
             return total, count, {"loss": total.detach(), "count": count} | {k: v.detach() for k, v in metrics.items()}
 
         self.zero_grad()
-        _, results = self.run(self.dp_slice(batch), counted, micro_batch_size, forward_only=False)
+        _, results = self.run(self.dp_slice(batch), counted, micro_batch_size, forward_only=False,
+                              model_kwargs=model_kwargs)
         names = sorted(results[0])
         totals = torch.stack([torch.stack([r[k] for r in results]).double().sum() for k in names])
         totals = totals.to(next(self.model.parameters()).device)

@@ -40,12 +40,21 @@ def sft_loss(logp, entropy, mb):
     return -logp[:, 1:].sum(), count, {"entropy": entropy[:, 1:].sum()}
 
 
+def some_positions(ids: torch.Tensor) -> torch.Tensor:
+    """Where a loss might look: every third token from the second, and the last."""
+    at = torch.zeros_like(ids)
+    at[:, 1::3] = 1
+    at[:, -1] = 1
+    return at
+
+
 def train(actor, steps: range, ids) -> list[dict]:
     return [actor.update({"input_ids": ids}, sft_loss, micro_batch_size=2) for _ in steps]
 
 
 def parity_job(tp: int, pp: int, world: int, models: dict, work: str, load_from: str | None) -> dict:
-    """Per architecture: logits, log-probs and entropy of a fixed batch; the exported HF tensors;
+    """Per architecture: logits, log-probs and entropy of a fixed batch (also computed at some
+    positions only, where the policy model's LM head runs on those rows alone); the exported HF tensors;
     with ``load_from``, the logits after loading that checkpoint (saved at another layout)."""
     platform.init_distributed(tp=tp, pp=pp, seed=0)
     cfg = make_config(tp, pp, world)
@@ -55,6 +64,7 @@ def parity_job(tp: int, pp: int, world: int, models: dict, work: str, load_from:
         ids = tokens(ref.hf_config.vocab_size)
         res = {"logits": ref.full_logits(ids, 2), **ref.logprobs(ids, micro_batch_size=2),
                "logprobs_t2": ref.logprobs(ids, temperature=2.0)["logprobs"],
+               "at_positions": ref.logprobs(ids, micro_batch_size=2, positions=some_positions(ids)),
                "exported": {k: v.clone() for k, v in ref.export_hf()},
                "exported_stage": {k: v.clone() for k, v in ref.export_hf(to="stage")},
                "exported_every": {k: v.clone() for k, v in ref.export_hf(to="every")}}

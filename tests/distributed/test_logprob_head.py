@@ -1,8 +1,9 @@
 """The fused log-prob and entropy head (models/actor.py) against plain torch on the whole
 vocabulary: values and gradients, with temperature and vocabulary padding, at TP=1 and TP=2
-(each rank holding half of the padded vocabulary); also with a loss using the log-probs only
-(the entropy's gradient terms skipped), and computed only at chosen positions (0 elsewhere, and
-no gradient from there). Tolerance 1e-5 (fp32)."""
+(each rank holding half of the padded vocabulary, in megatron's sequence-first order); also
+with a loss using the log-probs only (the entropy's gradient terms skipped), computed only at
+chosen positions (0 elsewhere, and no gradient from there), and at temperature 1, where fp32
+logits are read in place and must be left as they were. Tolerance 1e-5 (fp32)."""
 
 import pytest
 import torch
@@ -21,7 +22,11 @@ def inputs():
     return logits, ids, weights, positions
 
 
-CASES = ("both", "logp_only", "positions")
+CASES = ("both", "logp_only", "positions", "unscaled")
+
+
+def temperature(case: str) -> float:
+    return 1.0 if case == "unscaled" else TEMPERATURE  # at 1 the head reads fp32 logits in place
 
 
 def head_job(tp: int, case: str) -> dict:
@@ -33,20 +38,23 @@ def head_job(tp: int, case: str) -> dict:
     platform.init_distributed(tp=tp, pp=1, seed=0)
     logits, ids, weights, positions = inputs()
     rank, shard = parallel_state.get_tensor_model_parallel_rank(), PADDED // tp
-    mine = logits[..., rank * shard:(rank + 1) * shard].clone().requires_grad_()
-    logp, entropy = token_logprobs_and_entropy(mine, ids, VOCAB, TEMPERATURE,
+    # megatron's sequence-first order, [T, b, V / tp]
+    mine = logits.transpose(0, 1)[..., rank * shard:(rank + 1) * shard].clone().requires_grad_()
+    before = mine.detach().clone()
+    logp, entropy = token_logprobs_and_entropy(mine, ids, VOCAB, temperature(case),
                                                positions if case == "positions" else None)
     loss = (logp * weights[0]).sum()
     if case != "logp_only":
         loss = loss + (entropy * weights[1]).sum()
     loss.backward()
-    return {"logp": logp.detach(), "entropy": entropy.detach(), "grad": mine.grad}
+    assert torch.equal(mine.detach(), before), "the head wrote into the logits"
+    return {"logp": logp.detach(), "entropy": entropy.detach(), "grad": mine.grad.transpose(0, 1)}
 
 
 def reference(case: str) -> dict:
     logits, ids, weights, positions = inputs()
     logits = logits.requires_grad_()
-    log_p = torch.log_softmax(logits[..., :VOCAB] / TEMPERATURE, dim=-1)[:, :-1]
+    log_p = torch.log_softmax(logits[..., :VOCAB] / temperature(case), dim=-1)[:, :-1]
     logp = torch.nn.functional.pad(log_p.gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))
     entropy = torch.nn.functional.pad(-(log_p.exp() * log_p).sum(-1), (1, 0))
     if case == "positions":  # position 0 has no prediction: it is never computed

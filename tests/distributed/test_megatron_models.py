@@ -76,6 +76,11 @@ def test_logits_logprobs_and_entropy_match_transformers(runs, hf_reference, arch
         assert _max_diff(got["logprobs"][:, 1:], token_logp) <= LOGIT_TOL
         assert _max_diff(got["entropy"][:, 1:], entropy) <= LOGIT_TOL
         assert _max_diff(got["logprobs_t2"][:, 1:], logp_t2) <= LOGIT_TOL
+        # at chosen positions only (the LM head run on their rows alone): the same there, 0 elsewhere
+        at = jobs.some_positions(ref["ids"]).bool()
+        for key, want in (("logprobs", token_logp), ("entropy", entropy)):
+            assert _max_diff(got["at_positions"][key], torch.nn.functional.pad(want, (1, 0)) * at) <= LOGIT_TOL
+            assert torch.all(got["at_positions"][key][~at] == 0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -5,8 +5,12 @@ is only as wide as its longest sequence, so the comparison also covers the narro
 (Sequence parallelism, whose widths round up to a multiple of TP, needs Transformer Engine: CPU
 runs cannot have it; the rounding itself is tested in tests/unit/test_micro_batches.py.)
 Megatron's schedule is handed the real number of micro-batches (PP=2: the 1F1B pipeline with 4).
-Tolerance: relative and absolute 1e-5 (fp32; only the order of the reductions differs,
-and Adam's first step turns gradients into their signs, so log-probs of ~5 differ by ~1e-5)."""
+Tolerance: relative and absolute 1e-5 (fp32; only the order of the reductions differs) for the
+log-probs before, the loss, the gradient norm and the entropy. The log-probs after the update
+get 1e-3: Adam's first step moves each weight by lr * g / (|g| + eps), so a gradient element
+within rounding (~1e-8) of zero, which eps (1e-8) does not damp, can move anywhere in +-lr
+(3e-3). Measured: the same gradients to 1e-8 gave log-probs after that differ by 4e-5 to 3e-4
+depending only on how the head rounds, against an update that moves them by up to 5.7."""
 
 import pytest
 import torch
@@ -18,6 +22,7 @@ from tests.distributed import megatron_jobs as jobs
 pytestmark = pytest.mark.slow
 
 TOL = 1e-5
+AFTER_TOL = 1e-3
 LAYOUTS = {"tp1pp1": (1, 1, 1), "tp2": (2, 1, 2), "pp2": (1, 2, 2), "dp2": (1, 1, 2)}
 
 
@@ -31,11 +36,11 @@ def runs(megatron_models):
 @pytest.mark.parametrize("way", ["4_per_micro", "2_per_micro", "tokens_48"])
 def test_update_in_micro_batches_equals_one_micro_batch(runs, layout, way):
     one, cut = runs[layout]["one"], runs[layout][way]
-    for key in ("before", "after"):
-        assert torch.allclose(cut[key], one[key], rtol=TOL, atol=TOL), (key, (cut[key] - one[key]).abs().max())
+    for key, tol in (("before", TOL), ("after", AFTER_TOL)):
+        assert torch.allclose(cut[key], one[key], rtol=tol, atol=tol), (key, (cut[key] - one[key]).abs().max())
     for key in ("loss", "grad_norm", "entropy"):
         assert cut["metrics"][key] == pytest.approx(one["metrics"][key], abs=TOL, rel=TOL), key
-    assert (one["after"] - one["before"]).abs().max().item() > 1e-3  # the update moved the policy
+    assert (one["after"] - one["before"]).abs().max().item() > 1.0  # the update moved the policy, far past AFTER_TOL
 
 
 def test_the_schedule_gets_the_real_number_of_micro_batches(runs):
