@@ -36,10 +36,11 @@ hold no more than the first, so the first and the last are planned.
   sequence-split with SP) plus one layer's activations recomputed in the backward pass. The
   1F1B schedule keeps pp - stage micro-batches in flight (pp on the first stage).
 * log-prob peak (the actor's last stage): one micro-batch's logits over the TP shard of the
-  padded vocabulary, the model-dtype output plus ``LOGIT_FP32_COPIES`` (3) fp32 tensors of its
-  size alive at once (:func:`agentgym_mega.models.actor.token_logprobs_and_entropy`: the scaled
-  logits it keeps, their shifted values and exponentials in the forward pass, the log-softmax
-  and softmax it recomputes in the backward pass; measured on CPU: 3.0 copies at the peak).
+  padded vocabulary, the model-dtype output plus ``LOGIT_FP32_COPIES`` (2) fp32 tensors of its
+  size alive at once (:func:`agentgym_mega.models.actor.token_logprobs_and_entropy`: the log p it
+  keeps and their exponentials in the forward pass, log p and the softmax it recomputes from them
+  in the backward pass; peak resident memory measured on CPU: 2.0 copies, bf16 or fp32 logits,
+  with or without a temperature).
   The critic's value head has no such peak.
 
 Engines (vLLM): each claims ``gpu_memory_utilization`` of every GPU it runs on. Inside that: the
@@ -91,7 +92,7 @@ GB = 10**9
 HEADROOM = 0.05
 FP32 = 4
 ADAM_MOMENTS = 2
-LOGIT_FP32_COPIES = 3
+LOGIT_FP32_COPIES = 2
 ENGINE_OVERHEAD = 2 * GB
 PARAM_ALIGN = 64  # megatron starts each parameter of a distributed-optimizer buffer at 64 elements
 BUCKET_ALIGN = 128  # ... and pads each bucket to a multiple of lcm(dp, 128)

@@ -97,7 +97,7 @@ def test_activation_and_logit_formulas_by_hand():
     full = mp.activation_bytes(a, 1, 1, 0, False, "full", 10, 2)
     assert full == 10 * 2 * (2 * 128 + 1664 + 2 * 128)  # layer inputs + one layer recomputed
     assert mp.activation_bytes(a, 1, 2, 0, False, "none", 10, 2) == 10 * 2 * 2 * 1664  # 2 in flight x 1 layer
-    assert mp.logits_bytes(a, 2, tokens=10, dtype_bytes=2) == 10 * 192 * (2 + 3 * 4)  # bf16 logits + 3 fp32 copies
+    assert mp.logits_bytes(a, 2, tokens=10, dtype_bytes=2) == 10 * 192 * (2 + 2 * 4)  # bf16 logits + 2 fp32 copies
     assert mp.kv_bytes_per_token(a, 1, 2) == 2 * 2 * 2 * 32 * 2
     assert mp.kv_bytes_per_token(a, 4, 2) == 2 * 2 * 1 * 32 * 2  # KV heads replicated past 2
 
