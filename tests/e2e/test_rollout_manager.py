@@ -239,8 +239,9 @@ def test_dynamic_sampling_keeps_groups_with_spread_and_repeats(stack):
 
 
 def test_evaluations_of_the_same_weights_sample_the_same_episodes(stack, tmp_path):
-    """Evaluation requests are seeded (step -1 of the run's seed): two evaluations of equal
-    weights play the same tokens, so held-out comparisons carry no sampling noise."""
+    """Evaluation requests are seeded (step -1 of the run's seed; `evaluation.held_out`, which
+    `agentgym-mega eval` runs too): two evaluations of equal weights play the same tokens, so
+    held-out comparisons carry no sampling noise."""
     from agentgym_mega.config import load_config
     from agentgym_mega.evaluation import Evaluator
     from agentgym_mega.rollout.env_client import EnvClient
