@@ -5,12 +5,18 @@ Both sides compute the mean next-token negative log-likelihood of the batch and 
 (no optimizer step). Every process runs one torch thread: transformers and megatron TP=1 use one
 core, TP=2 two ranks of one core each. (On a shared 2-core machine, two threads per process
 measured up to 10x slower from oversubscription, which would compare schedulers, not code.)
+
+Each side runs in a fresh process, in alternating rounds (transformers, TP=1, TP=2, then again),
+and a side's figure comes from the median of its timed steps over all rounds. One round of 10
+mean-timed steps read 0.91-0.99 at TP=1 on the same code: a 2-3 s window on a shared machine
+drifts by more than the differences being measured. The ratio of each round is reported too.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import tempfile
 import time
 
@@ -23,10 +29,11 @@ from agentgym_mega.models.tiny import TinySpec, make_tiny_model
 class BenchSpec:
     batch: int = 4
     seq: int = 256
-    # Steps of ~0.4 s: 2 warm-up and 5 timed steps read megatron 0.84-0.90 of transformers and 5
-    # and 10 read 0.90-0.94 on the same code (its first steps still allocate).
+    # Steps of ~0.25-0.4 s: megatron's first steps still allocate (2 warm-up steps read 3-6% lower
+    # than 5).
     warmup: int = 5
     iters: int = 10
+    rounds: int = 3
     threads: int = 1  # per process
     model: TinySpec = dataclasses.field(
         default_factory=lambda: TinySpec(arch="qwen2", layers=4, hidden=256, heads=8, kv_heads=2, vocab=2048))
@@ -36,17 +43,19 @@ def _batch(spec: BenchSpec, vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, (spec.batch, spec.seq), generator=torch.Generator().manual_seed(0))
 
 
-def _timed(step, spec: BenchSpec) -> float:
-    """Tokens per second over ``iters`` calls of ``step`` after ``warmup`` calls."""
+def _timed(step, spec: BenchSpec) -> list[float]:
+    """Seconds of each of ``iters`` calls of ``step`` after ``warmup`` calls."""
     for _ in range(spec.warmup):
         step()
-    start = time.perf_counter()
+    times = []
     for _ in range(spec.iters):
+        start = time.perf_counter()
         step()
-    return spec.batch * spec.seq * spec.iters / (time.perf_counter() - start)
+        times.append(time.perf_counter() - start)
+    return times
 
 
-def hf_tokens_per_s(hf_dir: str, spec: BenchSpec) -> float:
+def hf_step_times(hf_dir: str, spec: BenchSpec) -> list[float]:
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(spec.threads)
@@ -61,8 +70,8 @@ def hf_tokens_per_s(hf_dir: str, spec: BenchSpec) -> float:
     return _timed(step, spec)
 
 
-def megatron_tokens_per_s(hf_dir: str, tp: int, spec: BenchSpec) -> float:
-    """Runs on each of ``tp`` ranks; every rank returns the same (rank 0's clock decides)."""
+def megatron_step_times(hf_dir: str, tp: int, spec: BenchSpec) -> list[float]:
+    """Runs on each of ``tp`` ranks (rank 0's clock is the one reported)."""
     from agentgym_mega import platform
     from agentgym_mega.config import validate
     from agentgym_mega.models.actor import MegatronActor, token_logprobs_and_entropy
@@ -87,22 +96,34 @@ def run(spec: BenchSpec | None = None) -> dict:
     from agentgym_mega.platform.local_ranks import run_on_local_ranks
 
     spec = spec or BenchSpec()
+    sides = {"hf": (hf_step_times, 1, ()), "tp1": (megatron_step_times, 1, (1,)),
+             "tp2": (megatron_step_times, 2, (2,))}
+    times = {name: [] for name in sides}
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = make_tiny_model(os.path.join(tmp, "model"), spec.model)
-        hf = hf_tokens_per_s(hf_dir, spec)
-        megatron = {}
-        for tp in (1, 2):
-            megatron[f"tp{tp}"] = run_on_local_ranks(
-                megatron_tokens_per_s, tp, hf_dir, tp, spec, threads=spec.threads)[0]
+        for _ in range(spec.rounds):
+            for name, (fn, ranks, args) in sides.items():
+                times[name].append(run_on_local_ranks(fn, ranks, hf_dir, *args, spec, threads=spec.threads)[0])
+    tokens = spec.batch * spec.seq
+
+    def tokens_per_s(steps: list[float]) -> float:
+        return tokens / statistics.median(steps)
+
+    hf = tokens_per_s([t for r in times["hf"] for t in r])
+    megatron = {name: tokens_per_s([t for r in times[name] for t in r]) for name in ("tp1", "tp2")}
     report = {
-        "what": "forward+backward tokens/s, mean next-token NLL, fp32, CPU",
+        "what": "forward+backward tokens/s (median step), mean next-token NLL, fp32, CPU",
         "model": dataclasses.asdict(spec.model),
-        "batch": spec.batch, "seq": spec.seq, "iters": spec.iters, "threads_per_process": spec.threads,
+        "batch": spec.batch, "seq": spec.seq, "warmup": spec.warmup, "iters": spec.iters, "rounds": spec.rounds,
+        "threads_per_process": spec.threads,
         "hf_tokens_per_s": round(hf, 1),
         "megatron_tokens_per_s": {k: round(v, 1) for k, v in megatron.items()},
         "ratio_megatron_over_hf": {k: round(v / hf, 3) for k, v in megatron.items()},
+        "ratio_per_round": {k: [round(tokens_per_s(m) / tokens_per_s(h), 3) for m, h in zip(times[k], times["hf"])]
+                            for k in megatron},
     }
     for layout, tps in report["megatron_tokens_per_s"].items():
         print(f"bench train: megatron {layout} {tps:.0f} tokens/s vs transformers {hf:.0f} tokens/s "
-              f"(ratio {report['ratio_megatron_over_hf'][layout]:.2f})")
+              f"(ratio {report['ratio_megatron_over_hf'][layout]:.2f}; rounds "
+              f"{', '.join(f'{r:.2f}' for r in report['ratio_per_round'][layout])})")
     return report
