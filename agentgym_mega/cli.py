@@ -737,7 +737,8 @@ def _add_bench_train(benches) -> None:
         description=(
             "Builds a tiny Qwen2 model and times forward+backward of the mean next-token NLL on the\n"
             "same batch with transformers and with the megatron-core actor at TP=1 and TP=2 (local\n"
-            "gloo ranks on CPU), one thread per process; reports tokens/s and the ratios."
+            "gloo ranks on CPU), one thread per process. Every side runs in a fresh process, in three\n"
+            "alternating rounds; reports tokens/s from the median step, the ratios and each round's."
         ),
     )
     _json_option(b, _BENCH_JSON)
