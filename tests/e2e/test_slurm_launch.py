@@ -5,6 +5,7 @@ training, signals, requeue, resume and teardown really run. sbatch's directives 
 machines are left to a real cluster."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -137,6 +138,8 @@ def tiny_training(tmp_path, steps: int) -> list[str]:
     assert run_cli("make-tiny-model", "--out", str(model), "--kv-heads", "2").returncode == 0
     overrides = [
         f"model.path={model}", *TINY_TEXTCRAFT,
+        # RLOO's only run through the loop (tests/e2e/test_estimators.py runs gae and grpo)
+        "algorithm.estimator=rloo",
         "horizon.schedule=scaling_inter", "horizon.caps=[1,2,3]", "horizon.interval=1",
         f"trainer.total_steps={steps}", f"trainer.output_dir={tmp_path / 'run'}",
     ]
@@ -184,6 +187,7 @@ def test_usr1_checkpoints_requeues_and_the_same_command_resumes(slurm_env, tmp_p
     assert [m["step"] for m in steps] == [1, 2, 3]  # the resumed run went on at stopped + 1
     assert [m["horizon/turn_cap"] for m in steps] == [1, 2, 3]
     assert steps[-1]["rollout/logprob_diff"] <= 1e-4  # the engine serves the resumed weights
+    assert all(math.isfinite(m["actor/loss"]) and "actor/ref_kl" not in m for m in steps)  # no KL, no reference
     assert (run_dir / "checkpoints" / "actor" / "latest").read_text().strip() == "iter_0000003"
     assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"  # a finished run is not requeued
 

@@ -1,7 +1,9 @@
 """The whole loop on CPU: TextCraft servers, a vLLM engine and a TP=2 megatron actor in Ray,
-two steps with held-out evaluations, then a resume that continues at the right step and turn cap."""
+two steps with held-out evaluations, then a resume that continues at the right step and turn cap.
+The run is REINFORCE++ with its KL in the reward (tests/e2e/test_estimators.py runs gae and grpo)."""
 
 import json
+import math
 import os
 
 import pytest
@@ -26,8 +28,9 @@ def test_two_steps_then_resume(tmp_path):
         "rollout.num_engines=1", "rollout.n_per_task=2", "rollout.max_tokens_per_turn=12", "rollout.max_model_len=2048",
         "env.name=textcraft", "env.num_servers=1", "env.categories=[depth-1]",
         "eval.at_start=true", "eval.freq=2", "eval.n=1", "eval.limit=2", "eval.max_turns=1",
-        # a random policy earns no reward: the entropy term alone makes the update move the weights
-        "algorithm.kl_coef=0.0", "algorithm.entropy_coef=0.05",
+        # a random policy earns no reward: the entropy term makes the update move the weights
+        "algorithm.estimator=reinforce_pp", "algorithm.kl_coef=0.001", "algorithm.kl_in=reward",
+        "algorithm.entropy_coef=0.05",
         "horizon.schedule=scaling_inter", "horizon.caps=[1,2,3]", "horizon.interval=1",
         "trainer.total_steps=2", "trainer.batch_size=2", "trainer.mini_batch_size=1", "trainer.lr=0.01",
         "trainer.save_freq=1", f"trainer.output_dir={run_dir}", "logging.progress_bar=false",
@@ -48,6 +51,10 @@ def test_two_steps_then_resume(tmp_path):
     assert (run_dir / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (first["horizon/turn_cap"], second["horizon/turn_cap"]) == (1, 2)  # ScalingInter: a new stage each step
     assert first["episode/turns_mean"] <= 1 and second["episode/turns_mean"] <= 2
+    for step in (first, second):
+        losses = {k: v for k, v in step.items() if k.endswith("loss") or "/loss_" in k}
+        assert losses and all(math.isfinite(v) for v in losses.values()), losses
+    assert first["actor/ref_kl"] == 0.0 and second["actor/ref_kl"] > 0.0  # the reference is the starting actor
     assert first["actor/grad_norm"] > 0  # the update changed the weights ...
     # ... and the engine serves them: step 2's rollout log-probs match the trainer's recomputation
     assert second["rollout/logprob_diff"] <= 1e-4
