@@ -1,3 +1,4 @@
+import math
 import os
 import subprocess
 import sys
@@ -16,6 +17,12 @@ TINY_TEXTCRAFT = [
     "algorithm.kl_coef=0.0", "algorithm.entropy_coef=0.05", "trainer.batch_size=2", "trainer.mini_batch_size=1",
     "trainer.lr=0.01", "logging.progress_bar=false",
 ]
+
+
+def assert_finite_losses(step: dict) -> None:
+    """A training step's metrics log losses, and every one is finite."""
+    losses = {k: v for k, v in step.items() if k.endswith("loss") or "/loss_" in k}
+    assert losses and all(math.isfinite(v) for v in losses.values()), losses
 
 
 def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -18,13 +18,12 @@ reference model) in the Slurm USR1 test of tests/e2e/test_slurm_launch.py.
 """
 
 import json
-import math
 import os
 import shutil
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, assert_finite_losses, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -77,8 +76,7 @@ def test_estimator_trains_and_resumes_exactly(base, tmp_path, estimator):
     first, second = _train(base, run_dir, estimator)
 
     for step in (first, second):
-        losses = {k: v for k, v in step.items() if k.endswith("loss") or "/loss_" in k}
-        assert losses and all(math.isfinite(v) for v in losses.values()), losses
+        assert_finite_losses(step)
     assert first["actor/ref_kl"] == 0.0  # the reference policy is the starting actor
     if "trainer.off_policy_steps=1" in ESTIMATORS[estimator]:
         assert second["actor/ref_kl"] < 1e-6  # step 2's batch was sampled by the starting weights too

@@ -3,12 +3,11 @@ two steps with held-out evaluations, then a resume that continues at the right s
 The run is REINFORCE++ with its KL in the reward (tests/e2e/test_estimators.py runs gae and grpo)."""
 
 import json
-import math
 import os
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import assert_finite_losses, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -52,8 +51,7 @@ def test_two_steps_then_resume(tmp_path):
     assert (first["horizon/turn_cap"], second["horizon/turn_cap"]) == (1, 2)  # ScalingInter: a new stage each step
     assert first["episode/turns_mean"] <= 1 and second["episode/turns_mean"] <= 2
     for step in (first, second):
-        losses = {k: v for k, v in step.items() if k.endswith("loss") or "/loss_" in k}
-        assert losses and all(math.isfinite(v) for v in losses.values()), losses
+        assert_finite_losses(step)
     assert first["actor/ref_kl"] == 0.0 and second["actor/ref_kl"] > 0.0  # the reference is the starting actor
     assert first["actor/grad_norm"] > 0  # the update changed the weights ...
     # ... and the engine serves them: step 2's rollout log-probs match the trainer's recomputation
