@@ -30,7 +30,9 @@ from envs.webarena.tasks import WebTask
 
 log = logging.getLogger(__name__)
 START_TIMEOUT = "TimeoutError"  # AgentGym's client raises when a reset answers this observation
-_NAVIGATION_GRACE_S = 0.15  # how long after an action a navigation may still start
+# a task queued behind whatever the input queued (a form posts its submission as a task)
+_TASK_ROUND_TRIP = ("new Promise(done => { const channel = new MessageChannel(); "
+                    "channel.port1.onmessage = () => done(); channel.port2.postMessage(0); })")
 _KEYS = {"ctrl": "Control", "control": "Control", "cmd": "Meta", "meta": "Meta", "alt": "Alt", "shift": "Shift",
          "enter": "Enter", "esc": "Escape", "tab": "Tab", "space": " "}
 
@@ -210,12 +212,13 @@ class WebArenaEnv:
         return _status_note(response)
 
     async def _navigating(self, page, act) -> str | None:
-        """Runs `act`; when it starts a navigation of the page, waits for the new page to load."""
-        started, loaded, responses = asyncio.Event(), asyncio.Event(), []
+        """Runs `act`; when it makes the page navigate, waits for the new page to load.
 
-        def on_request(request):
-            if request.is_navigation_request() and request.frame == page.main_frame:
-                started.set()
+        The renderer announces a navigation it starts (a link, a form, a script) while it handles the
+        input, so an answer it gives afterwards on the same session comes after the announcement: one
+        round trip tells whether the action navigates, however busy the machine is. (A fixed grace
+        period for the network request missed a form's redirect with 16 browsers on 2 cores.)"""
+        requested, loaded, responses = [], asyncio.Event(), []
 
         def on_response(response):
             if response.request.is_navigation_request() and response.frame == page.main_frame:
@@ -224,24 +227,30 @@ class WebArenaEnv:
         def on_load(_):
             loaded.set()
 
-        page.on("request", on_request)
-        page.on("response", on_response)
-        page.on("load", on_load)
-        try:
-            await act()
+        async with cdp_session(page) as cdp:
+            main_frame = (await cdp.send("Page.getFrameTree"))["frameTree"]["frame"]["id"]
+            cdp.on("Page.frameRequestedNavigation", lambda event: requested.append(event["url"]) if (
+                event["frameId"] == main_frame and event["disposition"] == "currentTab") else None)
+            await cdp.send("Page.enable")
+            page.on("response", on_response)
+            page.on("load", on_load)
             try:
-                await asyncio.wait_for(started.wait(), _NAVIGATION_GRACE_S)
-            except asyncio.TimeoutError:
-                return None
-            try:
-                await asyncio.wait_for(loaded.wait(), self._opts.step_timeout_s)
-            except asyncio.TimeoutError:
-                return await self._stop_loading(page)
-            return _status_note(responses[-1] if responses else None)
-        finally:
-            page.remove_listener("request", on_request)
-            page.remove_listener("response", on_response)
-            page.remove_listener("load", on_load)
+                await act()
+                try:
+                    await asyncio.wait_for(cdp.send("Runtime.evaluate", {
+                        "expression": _TASK_ROUND_TRIP, "awaitPromise": True}), self._opts.step_timeout_s)
+                except (PlaywrightError, asyncio.TimeoutError):  # navigated away meanwhile, or a page that hangs
+                    pass
+                if not requested or _same_document(requested[-1], page.url):
+                    return None
+                try:
+                    await asyncio.wait_for(loaded.wait(), self._opts.step_timeout_s)
+                except asyncio.TimeoutError:
+                    return await self._stop_loading(page)
+                return _status_note(responses[-1] if responses else None)
+            finally:
+                page.remove_listener("response", on_response)
+                page.remove_listener("load", on_load)
 
     async def _stop_loading(self, page) -> str:
         """Cancels a navigation past the step's time (a page mid-navigation cannot be read), so the
@@ -305,6 +314,11 @@ async def _title(page) -> str:
         return await asyncio.wait_for(page.title(), 2)
     except (PlaywrightError, asyncio.TimeoutError):
         return ""
+
+
+def _same_document(url: str, current: str) -> bool:
+    """A navigation to `url` from `current` that only moves to a fragment loads no new page."""
+    return "#" in url and url.split("#", 1)[0] == current.split("#", 1)[0]
 
 
 def _status_note(response) -> str | None:

@@ -1,6 +1,7 @@
 """WebArena through the real CLI server, a real headless Chromium and the shipped shop: the scripted
 agent solves every shipped task from the observation text alone; bad ids, a 404, a refused
-connection, a slow page and malformed replies each come back as observations; contexts are closed;
+connection, a slow page and malformed replies each come back as observations; a click answers the
+page its navigation lands on even when the page delays it; contexts are closed;
 instances are isolated and run concurrently; a dead browser fails only its instances."""
 
 from __future__ import annotations
@@ -8,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
 import pytest
@@ -155,6 +158,57 @@ def test_sixteen_concurrent_instances_keep_their_own_carts(server):
         assert "/cart" in cart.split("\n", 2)[1] and f"'{product['name']}'" in cart
         others = [p["name"] for p in products if p is not product and f"'{p['name']}'" in cart]
         assert not others, (product["name"], others)
+
+
+_BUSY_FORM = (b"<html><head><title>Busy form</title></head><body><form method='get' action='/landed'>"
+              b"<button onclick='setTimeout(() => { const end = Date.now() + 600; while (Date.now() < end); })'>"
+              b"Send</button></form></body></html>")
+
+
+_LANDED = b"<html><head><title>Landed</title></head><body><p>Arrived</p><button>Nothing</button></body></html>"
+
+
+@pytest.fixture
+def busy_site():
+    """A page whose button queues 600 ms of script ahead of its form's submission, as a loaded
+    machine delays a navigation, and the page the form lands on."""
+    class Pages(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = _BUSY_FORM if self.path == "/" else _LANDED
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    site = ThreadingHTTPServer(("127.0.0.1", 0), Pages)
+    threading.Thread(target=site.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{site.server_address[1]}"
+    finally:
+        site.shutdown()
+        site.server_close()
+
+
+def test_a_click_whose_navigation_starts_late_answers_the_new_page(server, busy_site):
+    episode = Episode(server.url)
+    try:
+        episode.reset(0)
+        form = episode.step(f"```goto [{busy_site}/]```")["observation"]
+        send = element(form, "button", "Send")
+        assert send is not None, form
+        landed = episode.step(f"```click [{send}]```")["observation"]
+        assert f"URL: {busy_site}/landed" in landed and "'Landed' (current)" in landed and "Arrived" in landed, landed
+        # A click that does not navigate answers at once, with no navigation to wait out.
+        started = time.monotonic()
+        still = episode.step(f"```click [{element(landed, 'button', 'Nothing')}]```")["observation"]
+        assert f"URL: {busy_site}/landed" in still and "Note:" not in still, still
+        assert time.monotonic() - started < STEP_TIMEOUT_S
+    finally:
+        episode.close()
 
 
 def test_contexts_are_closed_over_200_episodes(server):
