@@ -22,6 +22,7 @@ import hashlib
 import math
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -257,12 +258,13 @@ class RolloutManager:
         seed = None if self._seed is None else request_seed(self._seed, ep.index, ep.turns)
         return seed, min(self.sampling.max_tokens, self.max_model_len - len(ep.ids))
 
-    def _send(self, engines: list, engine: int, episodes: list[_Live]):
-        """Starts one engine's generate for `episodes`; returns its wait(timeout=None)."""
+    def _send(self, engines: list, engine: int, episodes: list[_Live], key: str | None = None):
+        """Starts one engine's generate for `episodes` (named `key`, for an abort); returns its
+        wait(timeout=None)."""
         seeds, budgets = zip(*(self._request(ep) for ep in episodes))
         seeds = None if self._seed is None else list(seeds)
         wait = call_async(self._pool, engines[engine], "generate", [ep.ids for ep in episodes], self.sampling,
-                          seeds, list(budgets))
+                          seeds, list(budgets), key=key)
         self._clock.start(engine, "generate")
 
         def finished(timeout=None):
@@ -329,12 +331,14 @@ class RolloutManager:
     def _episode(self, engines: list, ep: _Live, handle) -> None:
         """One episode to its end on its own: generate, step, repeat."""
         while self._ready(ep):
-            wait = self._send(engines, ep.engine, [ep])
+            key = f"{uuid.uuid4().hex}-{ep.index}-{ep.turns}"
+            wait = self._send(engines, ep.engine, [ep], key)
             try:
                 generation = wait(None if ep.deadline == math.inf else max(ep.deadline - time.monotonic(), 0))[0]
             except TimeoutError:
                 ep.status = "timeout"
                 ep.error = f"the episode's {self.episode_timeout_s:g} s wall-clock limit passed while generating"
+                call_async(self._pool, engines[ep.engine], "abort", key)  # its tokens would only be thrown away
                 return
             reply = self._take_reply(ep, generation)
             # rollout.env_step_timeout_s, and no longer than the episode's wall-clock limit leaves

@@ -263,3 +263,38 @@ def test_evaluations_of_the_same_weights_sample_the_same_episodes(stack, tmp_pat
     replies = [tuple(batches[0].input_ids[r][batches[0].loss_mask[r].bool()].tolist()) for r in range(4)]
     assert replies[0] != replies[1]  # each request its own seed, not one seed for all
     assert (tmp_path / "eval" / "step_1.json").exists()
+
+
+def _idle_within(engine, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while engine.health()["running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return engine.health()["running"] == 0
+
+
+def test_a_generation_past_the_wall_clock_limit_leaves_the_engine(stack):
+    """An episode whose limit passes mid-generation ends as `timeout` and its request is aborted
+    in vLLM at once: the engine is idle within a second, where the request left running takes
+    seconds more (its ~1700 tokens take 4-7 s here). An abort reaches a call that has not started
+    too."""
+    from agentgym_mega.rollout.env_client import EnvClient
+
+    engine, sampling = stack["engine"], SamplingConfig(temperature=1.0, max_tokens=1800)
+    managed = RolloutManager([engine], EnvClient(stack["urls"][:1]), stack["tokenizer"], sampling, 2048,
+                             mode="async", episode_timeout_s=1.0)
+    batch = managed.collect([Task(3)], n_per_task=2, max_turns=3, seed=(0, 1))
+    assert all(e.status == "timeout" and "while generating" in e.error for e in batch.episodes)
+    assert _idle_within(engine, 1.0)
+
+    prompts, result = [[5] * 300, [7] * 300], {}
+    call = threading.Thread(target=lambda: result.update(out=engine.generate(prompts, sampling, [0, 1], key="k")))
+    call.start()
+    deadline = time.monotonic() + 30
+    while not engine.health()["running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    engine.abort("k")
+    call.join(timeout=5)
+    assert not call.is_alive() and result["out"] == [] and _idle_within(engine, 1.0)
+    engine.abort("early")
+    assert engine.generate(prompts, sampling, [0, 1], key="early") == [] and engine.health()["running"] == 0
+    assert [len(g.token_ids) for g in engine.generate(prompts, SamplingConfig(max_tokens=4), [0, 1])] == [4, 4]

@@ -28,12 +28,20 @@ class Generation:
 class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
-                 seeds: list[int] | None = None, max_tokens: list[int] | None = None) -> list[Generation]:
+                 seeds: list[int] | None = None, max_tokens: list[int] | None = None,
+                 key: str | None = None) -> list[Generation]:
         """One completion per prompt, in order; `seeds`: one sampling seed per prompt (the same
         prompt, weights and seed sample the same completion, whatever else the engine is
         generating), or None for the engine's own; `max_tokens`: a cap per prompt below
         `sampling.max_tokens` (what is left of its context). Safe to call from several threads at
-        once: their requests are batched together."""
+        once: their requests are batched together. `key`: a name for this call that `abort`
+        takes; an aborted call returns []."""
+
+    @abc.abstractmethod
+    def abort(self, key: str) -> None:
+        """Stops the generate call named `key` (one whose caller gave up on it, e.g. at an
+        episode's wall-clock limit), freeing its share of the running batch; an abort that
+        arrives before its call starts the call at once."""
 
     @abc.abstractmethod
     def update_weights(self, address: str, version: int, timeout_s: float,
@@ -69,8 +77,8 @@ class InferenceEngine(abc.ABC):
 
     @abc.abstractmethod
     def health(self) -> dict:
-        """At least {"alive": bool, "version": int, "sleeping": bool, "node": str, "node_id": str};
-        "node" is the address trainers on other nodes reach it by (network.reachable_ip),
+        """At least {"alive": bool, "version": int, "sleeping": bool, "running": int, "node": str,
+        "node_id": str}; "running" is how many requests it is generating, "node" is the address trainers on other nodes reach it by (network.reachable_ip),
         "node_id" the Ray node it runs on (None outside Ray)."""
 
     @abc.abstractmethod

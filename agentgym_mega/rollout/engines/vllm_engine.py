@@ -12,6 +12,8 @@ trainer's ZMQ sender itself, so weights never pass through the engine's front-en
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import itertools
 import os
 import threading
@@ -26,6 +28,7 @@ CPU_STEP_TOKENS = 4096  # vLLM's own CPU default budget of tokens per engine ste
 # Calls a Ray engine actor runs at once: the episodes of an asynchronous rollout each wait on
 # their own generate call, and a weight sync or health check must not queue behind them.
 MAX_CONCURRENT_CALLS = 512
+ABORTS_REMEMBERED = 4096  # keys aborted before their generate call arrived (most never arrive: it was done)
 
 
 class VLLMEngine(InferenceEngine):
@@ -75,6 +78,9 @@ class VLLMEngine(InferenceEngine):
         threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True).start()
         self.llm = self.run(_start(args))
         self._request_ids = itertools.count()
+        self._calls: dict[str, concurrent.futures.Future] = {}  # generate calls by key, for abort
+        self._aborted: collections.OrderedDict[str, bool] = collections.OrderedDict()
+        self._calls_lock = threading.Lock()
         self.version = 0
         self.sleeping = False
 
@@ -83,7 +89,8 @@ class VLLMEngine(InferenceEngine):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig,
-                 seeds: list[int] | None = None, max_tokens: list[int] | None = None) -> list[Generation]:
+                 seeds: list[int] | None = None, max_tokens: list[int] | None = None,
+                 key: str | None = None) -> list[Generation]:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -111,7 +118,32 @@ class VLLMEngine(InferenceEngine):
         async def every() -> list[Generation]:
             return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
 
-        return self.run(every())
+        call = asyncio.run_coroutine_threadsafe(every(), self._loop)
+        if key is not None:
+            with self._calls_lock:
+                if self._aborted.pop(key, False):
+                    call.cancel()
+                else:
+                    self._calls[key] = call
+        try:
+            return call.result()
+        except concurrent.futures.CancelledError:
+            return []
+        finally:
+            if key is not None:
+                with self._calls_lock:
+                    self._calls.pop(key, None)
+
+    def abort(self, key: str) -> None:
+        with self._calls_lock:
+            call = self._calls.pop(key, None)
+            if call is None:  # not started yet, or already done: remembered a while, in case it starts
+                self._aborted[key] = True
+                while len(self._aborted) > ABORTS_REMEMBERED:
+                    self._aborted.popitem(last=False)
+                return
+        # Cancelling the call's task cancels vLLM's generate, which aborts its requests in the engine.
+        call.cancel()
 
     def update_weights(self, address: str, version: int, timeout_s: float = 120.0,
                        secret: str | bytes | None = None) -> int:
@@ -152,7 +184,8 @@ class VLLMEngine(InferenceEngine):
         import ray
 
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-        return {"alive": True, "version": self.version, "sleeping": self.sleeping, "node": reachable_ip(),
+        return {"alive": True, "version": self.version, "sleeping": self.sleeping,
+                "running": self.llm.get_num_unfinished_requests(), "node": reachable_ip(),
                 "node_id": node_id}
 
     def shutdown(self) -> None:
