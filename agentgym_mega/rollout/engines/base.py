@@ -78,8 +78,9 @@ class InferenceEngine(abc.ABC):
     @abc.abstractmethod
     def health(self) -> dict:
         """At least {"alive": bool, "version": int, "sleeping": bool, "running": int, "node": str,
-        "node_id": str}; "running" is how many requests it is generating, "node" is the address trainers on other nodes reach it by (network.reachable_ip),
-        "node_id" the Ray node it runs on (None outside Ray)."""
+        "node_id": str}; "running" is how many requests it is generating, "node" the address
+        trainers on other nodes reach it by (network.reachable_ip), "node_id" the Ray node it runs on
+        (None outside Ray)."""
 
     @abc.abstractmethod
     def shutdown(self) -> None:
