@@ -185,7 +185,7 @@ def busy_site():
             pass
 
     site = ThreadingHTTPServer(("127.0.0.1", 0), Pages)
-    threading.Thread(target=site.serve_forever, daemon=True).start()
+    threading.Thread(target=site.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{site.server_address[1]}"
     finally:
