@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 from urllib.parse import urlparse
 
 from playwright.async_api import Error as PlaywrightError
@@ -236,6 +237,7 @@ class WebArenaEnv:
             page.on("load", on_load)
             try:
                 await act()
+                deadline = time.monotonic() + self._opts.step_timeout_s  # for the round trip and the load together
                 try:
                     await asyncio.wait_for(cdp.send("Runtime.evaluate", {
                         "expression": _TASK_ROUND_TRIP, "awaitPromise": True}), self._opts.step_timeout_s)
@@ -243,10 +245,11 @@ class WebArenaEnv:
                     pass
                 if not requested or _same_document(requested[-1], page.url):
                     return None
-                try:
-                    await asyncio.wait_for(loaded.wait(), self._opts.step_timeout_s)
-                except asyncio.TimeoutError:
-                    return await self._stop_loading(page)
+                if not loaded.is_set():
+                    try:
+                        await asyncio.wait_for(loaded.wait(), max(deadline - time.monotonic(), 0))
+                    except asyncio.TimeoutError:
+                        return await self._stop_loading(page)
                 return _status_note(responses[-1] if responses else None)
             finally:
                 page.remove_listener("response", on_response)

@@ -165,15 +165,18 @@ _BUSY_FORM = (b"<html><head><title>Busy form</title></head><body><form method='g
               b"Send</button></form></body></html>")
 
 
-_LANDED = b"<html><head><title>Landed</title></head><body><p>Arrived</p><button>Nothing</button></body></html>"
+_LANDED = (b"<html><head><title>Landed</title></head><body><p>Arrived</p><button>Nothing</button>"
+           b"<a href='/slow'>Slow</a></body></html>")
 
 
 @pytest.fixture
 def busy_site():
     """A page whose button queues 600 ms of script ahead of its form's submission, as a loaded
-    machine delays a navigation, and the page the form lands on."""
+    machine delays a navigation; the page the form lands on; and a page slower than a step."""
     class Pages(BaseHTTPRequestHandler):
         def do_GET(self):
+            if self.path == "/slow":
+                time.sleep(3 * STEP_TIMEOUT_S)
             body = _BUSY_FORM if self.path == "/" else _LANDED
             self.send_response(200)
             self.send_header("Content-Type", "text/html")
@@ -207,6 +210,11 @@ def test_a_click_whose_navigation_starts_late_answers_the_new_page(server, busy_
         still = episode.step(f"```click [{element(landed, 'button', 'Nothing')}]```")["observation"]
         assert f"URL: {busy_site}/landed" in still and "Note:" not in still, still
         assert time.monotonic() - started < STEP_TIMEOUT_S
+        # A click whose page outlasts the step's time is stopped within it, and the tab reads on.
+        started = time.monotonic()
+        slow = episode.step(f"```click [{element(still, 'link', 'Slow')}]```")["observation"]
+        assert f"did not finish loading within {STEP_TIMEOUT_S} s" in slow and "Arrived" in slow, slow
+        assert time.monotonic() - started < 2 * STEP_TIMEOUT_S
     finally:
         episode.close()
 
