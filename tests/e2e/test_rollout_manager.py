@@ -298,3 +298,13 @@ def test_a_generation_past_the_wall_clock_limit_leaves_the_engine(stack):
     engine.abort("early")
     assert engine.generate(prompts, sampling, [0, 1], key="early") == [] and engine.health()["running"] == 0
     assert [len(g.token_ids) for g in engine.generate(prompts, SamplingConfig(max_tokens=4), [0, 1])] == [4, 4]
+
+
+def test_a_cpu_engine_has_no_worker_process_of_its_own(stack):
+    """At TP=1 on CPU the worker runs inside vLLM's engine-core process (the uniproc executor):
+    the mp executor's separate worker busy-waits after every message, taking half a core."""
+    import psutil
+
+    names = [p.name() for p in psutil.Process().children(recursive=True)]
+    assert any(n.startswith("VLLM::EngineCore") for n in names), names
+    assert not any(n.startswith("VLLM::Worker") for n in names), names
