@@ -236,6 +236,7 @@ class WebArenaEnv:
             page.on("response", on_response)
             page.on("load", on_load)
             try:
+                before = page.url
                 await act()
                 deadline = time.monotonic() + self._opts.step_timeout_s  # for the round trip and the load together
                 try:
@@ -243,7 +244,7 @@ class WebArenaEnv:
                         "expression": _TASK_ROUND_TRIP, "awaitPromise": True}), self._opts.step_timeout_s)
                 except (PlaywrightError, asyncio.TimeoutError):  # navigated away meanwhile, or a page that hangs
                     pass
-                if not requested or _same_document(requested[-1], page.url):
+                if not requested or _same_document(requested[-1], before):
                     return None
                 if not loaded.is_set():
                     try:
@@ -319,9 +320,10 @@ async def _title(page) -> str:
         return ""
 
 
-def _same_document(url: str, current: str) -> bool:
-    """A navigation to `url` from `current` that only moves to a fragment loads no new page."""
-    return "#" in url and url.split("#", 1)[0] == current.split("#", 1)[0]
+def _same_document(url: str, start: str) -> bool:
+    """A navigation to `url` from the page at `start` that only moves to a fragment loads no new
+    page (`start`: the URL before the action; the page may have moved on since)."""
+    return "#" in url and url.split("#", 1)[0] == start.split("#", 1)[0]
 
 
 def _status_note(response) -> str | None:

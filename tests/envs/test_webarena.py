@@ -166,7 +166,8 @@ _BUSY_FORM = (b"<html><head><title>Busy form</title></head><body><form method='g
 
 
 _LANDED = (b"<html><head><title>Landed</title></head><body><p>Arrived</p><button>Nothing</button>"
-           b"<a href='/slow'>Slow</a></body></html>")
+           b"<a href='#end'>Jump</a> <a href='/landed?again#end'>Again</a> <a href='/slow'>Slow</a>"
+           b"<p id='end'>End</p></body></html>")
 
 
 @pytest.fixture
@@ -210,9 +211,17 @@ def test_a_click_whose_navigation_starts_late_answers_the_new_page(server, busy_
         still = episode.step(f"```click [{element(landed, 'button', 'Nothing')}]```")["observation"]
         assert f"URL: {busy_site}/landed" in still and "Note:" not in still, still
         assert time.monotonic() - started < STEP_TIMEOUT_S
+        # A link to a fragment of this page loads nothing and waits for nothing; one to a fragment
+        # of another page loads that page.
+        started = time.monotonic()
+        jumped = episode.step(f"```click [{element(still, 'link', 'Jump')}]```")["observation"]
+        assert f"URL: {busy_site}/landed?#end" in jumped and "Note:" not in jumped, jumped
+        assert time.monotonic() - started < STEP_TIMEOUT_S
+        again = episode.step(f"```click [{element(jumped, 'link', 'Again')}]```")["observation"]
+        assert f"URL: {busy_site}/landed?again#end" in again and "Arrived" in again and "Note:" not in again, again
         # A click whose page outlasts the step's time is stopped within it, and the tab reads on.
         started = time.monotonic()
-        slow = episode.step(f"```click [{element(still, 'link', 'Slow')}]```")["observation"]
+        slow = episode.step(f"```click [{element(again, 'link', 'Slow')}]```")["observation"]
         assert f"did not finish loading within {STEP_TIMEOUT_S} s" in slow and "Arrived" in slow, slow
         assert time.monotonic() - started < 2 * STEP_TIMEOUT_S
     finally:
