@@ -119,6 +119,7 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype):
     recompute = {} if layout.recompute == "none" else {"recompute_granularity": layout.recompute}
     if layout.recompute == "full":
         recompute.update(recompute_method="uniform", recompute_num_layers=1)
+    cpu = platform.cpu_megatron.is_enabled()
     return TransformerConfig(
         num_layers=geo.layers,
         hidden_size=geo.hidden,
@@ -148,13 +149,15 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype):
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
-        # The fused kernels are CUDA-only; the unfused paths compute the same thing. The weight
-        # gradients' accumulation into main_grad has a CPU stand-in (platform.cpu_megatron).
-        bias_activation_fusion=False,
+        # On CPU, the weight gradients' accumulation into main_grad, the rotary embedding and
+        # SwiGLU run through the CPU layer's stand-ins for the CUDA kernels (platform.cpu_megatron):
+        # the unfused paths compute the same thing with more passes and copies. On GPU these
+        # stay off until a GPU run has checked them against tests/gpu.
+        bias_activation_fusion=cpu,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
-        gradient_accumulation_fusion=platform.cpu_megatron.is_enabled(),
-        apply_rope_fusion=False,
+        gradient_accumulation_fusion=cpu,
+        apply_rope_fusion=cpu,
         **recompute,
     )
 

@@ -106,3 +106,83 @@ def test_cuda_placement_is_mapped_inside_python_backward_functions():
     x = torch.ones(3, requires_grad=True)
     Double.apply(x).sum().backward()
     assert torch.equal(x.grad, torch.full((3,), 2.0))
+
+
+def _values_and_grads(fn, *inputs, grad_seed=0):
+    inputs = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*inputs)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed)).to(out.dtype)
+    out.backward(upstream)
+    return [out.detach()] + [x.grad for x in inputs]
+
+
+def _rope_case(dtype, rot_dim, halves_equal=True):
+    g = torch.Generator().manual_seed(1)
+    s, b, heads, d = 7, 3, 4, 16
+    # q as megatron has it: a [s, b, heads, d] view into the mixed QKV projection, not contiguous
+    t = torch.randn(s, b, heads, 3 * d, generator=g)[..., d:2 * d].to(dtype)
+    half = torch.outer(torch.arange(s, dtype=torch.float32), 10000.0 ** -torch.arange(0, 1, 2 / rot_dim))
+    other = half if halves_equal else torch.randn(half.shape, generator=g)
+    freqs = torch.cat([half, other], dim=-1)[:, None, None, :]
+    return t, freqs
+
+
+@pytest.mark.parametrize("dtype,rot_dim,halves_equal", [
+    (torch.float32, 16, True), (torch.float32, 16, False), (torch.float32, 8, True), (torch.bfloat16, 16, True)])
+def test_rotary_stand_in_matches_megatrons_unfused_rope(dtype, rot_dim, halves_equal):
+    from megatron.core.models.common.embeddings import rope_utils
+
+    assert rope_utils.fused_apply_rotary_pos_emb is cpu_megatron.fused_apply_rotary_pos_emb
+    t, freqs = _rope_case(dtype, rot_dim, halves_equal)
+    ours = _values_and_grads(lambda x: cpu_megatron.fused_apply_rotary_pos_emb(x, freqs), t)
+    megatron = _values_and_grads(lambda x: rope_utils._apply_rotary_pos_emb_bshd(x, freqs), t)
+    for mine, theirs in zip(ours, megatron):  # output, then the gradient of t
+        assert mine.dtype == theirs.dtype == dtype
+        # fp32: the same products, added in another order; bf16: its own rounding (~4e-3)
+        tolerance = {"rtol": 1e-6, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 2e-2}
+        torch.testing.assert_close(mine, theirs, **tolerance)
+
+
+def test_rotary_stand_in_hands_interleaved_channels_to_megatron():
+    from megatron.core.models.common.embeddings import rope_utils
+
+    t, freqs = _rope_case(torch.float32, 16)
+    assert torch.equal(cpu_megatron.fused_apply_rotary_pos_emb(t, freqs, interleaved=True),
+                       rope_utils._apply_rotary_pos_emb_bshd(t, freqs, rotary_interleaved=True))
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_swiglu_stand_in_matches_megatrons_unfused_glu(with_bias):
+    from megatron.core.transformer import mlp
+
+    assert mlp.bias_swiglu_impl is cpu_megatron.bias_swiglu_impl
+    g = torch.Generator().manual_seed(2)
+    y, bias = torch.randn(5, 3, 2 * 12, generator=g), torch.randn(2 * 12, generator=g)
+
+    def unfused(y, bias):  # megatron's MLP with bias_activation_fusion off
+        a, b = torch.chunk(y + bias if with_bias else y, 2, dim=-1)
+        return torch.nn.functional.silu(a) * (b + 0.0)
+
+    ours = _values_and_grads(lambda y, bias: cpu_megatron.bias_swiglu_impl(y, bias if with_bias else None), y, bias)
+    reference = _values_and_grads(unfused, y, bias)
+    assert ours[0].shape == (5, 3, 12)
+    assert (ours[2] is None) == (reference[2] is None) == (not with_bias)
+    for mine, theirs in zip(ours, reference):  # output, gradient of y, of the bias
+        if theirs is not None:
+            torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_swiglu_stand_in_refuses_fp8_activations_by_name():
+    with pytest.raises(NotImplementedError, match="fp8"):
+        cpu_megatron.bias_swiglu_impl(torch.zeros(2, 4), None, fp8_input_store=True)
+
+
+def test_megatron_runs_the_fused_paths_through_the_stand_ins_on_cpu():
+    from transformers import Qwen2Config
+
+    from agentgym_mega.models import gpt
+
+    hf_config = Qwen2Config(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                            num_hidden_layers=2, vocab_size=128, architectures=["Qwen2ForCausalLM"])
+    config = gpt.transformer_config(hf_config, gpt.Layout(), torch.float32)
+    assert config.apply_rope_fusion and config.bias_activation_fusion and config.gradient_accumulation_fusion
