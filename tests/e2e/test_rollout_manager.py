@@ -272,19 +272,27 @@ def _idle_within(engine, seconds: float) -> bool:
     return engine.health()["running"] == 0
 
 
-def test_a_generation_past_the_wall_clock_limit_leaves_the_engine(stack):
+def test_a_generation_past_the_wall_clock_limit_leaves_the_engine(stack, monkeypatch):
     """An episode whose limit passes mid-generation ends as `timeout` and its request is aborted
-    in vLLM at once: the engine is idle within a second, where the request left running takes
-    seconds more (its ~1700 tokens take 4-7 s here). An abort reaches a call that has not started
+    in vLLM at once: the engine is idle within a second, where a request left running takes
+    seconds more (~1700 tokens take 4-7 s here). An abort reaches a call that has not started
     too."""
     from agentgym_mega.rollout.env_client import EnvClient
 
     engine, sampling = stack["engine"], SamplingConfig(temperature=1.0, max_tokens=1800)
+    aborted, abort = [], engine.abort
+    monkeypatch.setattr(engine, "abort", lambda key: aborted.append(key) or abort(key))
     managed = RolloutManager([engine], EnvClient(stack["urls"][:1]), stack["tokenizer"], sampling, 2048,
                              mode="async", episode_timeout_s=1.0)
-    batch = managed.collect([Task(3)], n_per_task=2, max_turns=3, seed=(0, 1))
-    assert all(e.status == "timeout" and "while generating" in e.error for e in batch.episodes)
+    # Replies may end early (the end-of-turn token), so an episode may also run out of time between
+    # turns; with four episodes and no turn cap in reach, some are caught generating.
+    batch = managed.collect([Task(3)], n_per_task=4, max_turns=50, seed=(0, 1))
+    assert all(e.status == "timeout" for e in batch.episodes)
+    generating = {(i, e.turns) for i, e in enumerate(batch.episodes) if "while generating" in e.error}
+    assert generating
     assert _idle_within(engine, 1.0)
+    # each of those requests was aborted by name (key: uuid-episode-turn), and no other
+    assert {tuple(int(part) for part in key.split("-")[1:]) for key in aborted} == generating
 
     prompts, result = [[5] * 300, [7] * 300], {}
     call = threading.Thread(target=lambda: result.update(out=engine.generate(prompts, sampling, [0, 1], key="k")))
