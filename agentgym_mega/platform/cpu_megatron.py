@@ -213,7 +213,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool)
 class RotaryEmbedding(torch.autograd.Function):
     """Stand-in for Transformer Engine's fused rotary embedding (``[s, b, heads, d]``, halves not
     interleaved), computing what megatron's unfused ``_apply_rotary_pos_emb_bshd`` does in four
-    passes each way. Unfused, megatron slices, negates and concatenates q and k in the forward
+    half-width passes each way. Unfused, megatron slices, negates and concatenates q and k in the forward
     pass and concatenates their gradients again in the backward pass. With :class:`SwiGLU`, this
     takes 2% off a CPU training step (docs/results.md)."""
 
@@ -243,8 +243,8 @@ def fused_apply_rotary_pos_emb(t, freqs, transpose_output_memory=False, interlea
 class SwiGLU(torch.autograd.Function):
     """``silu(a) * b`` of ``y = [a, b]`` (megatron's fused SwiGLU, ``bias_swiglu_impl``). It keeps
     ``y`` alone for the backward pass and writes both halves of the gradient into one tensor;
-    megatron's unfused GLU keeps three half-size tensors, adds a zero offset and concatenates the
-    gradient."""
+    megatron's unfused GLU keeps ``y`` and two more half-size tensors, adds a zero offset and
+    concatenates the gradient."""
 
     @staticmethod
     def forward(ctx, y):
