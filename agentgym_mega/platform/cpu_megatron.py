@@ -213,9 +213,9 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool)
 class RotaryEmbedding(torch.autograd.Function):
     """Stand-in for Transformer Engine's fused rotary embedding (``[s, b, heads, d]``, halves not
     interleaved), computing what megatron's unfused ``_apply_rotary_pos_emb_bshd`` does in four
-    half-width passes each way. Unfused, megatron slices, negates and concatenates q and k in the forward
-    pass and concatenates their gradients again in the backward pass. With :class:`SwiGLU`, this
-    takes 2% off a CPU training step (docs/results.md)."""
+    half-width passes each way. Unfused, megatron slices, negates and concatenates q and k in the
+    forward pass and concatenates their gradients again in the backward pass. With
+    :class:`SwiGLU`, this takes 2% off a CPU training step (docs/results.md)."""
 
     @staticmethod
     def forward(ctx, t, freqs):
