@@ -316,3 +316,48 @@ def test_a_cpu_engine_has_no_worker_process_of_its_own(stack):
     names = [p.name() for p in psutil.Process().children(recursive=True)]
     assert any(n.startswith("VLLM::EngineCore") for n in names), names
     assert not any(n.startswith("VLLM::Worker") for n in names), names
+
+
+def test_shutdown_ends_running_calls_with_an_error_and_logs_none(stack):
+    """A generate call still running when the engine shuts down raises, rather than hanging or
+    returning nothing; later calls raise too; a second shutdown does nothing. vLLM's own shutdown
+    ends the engine core before its output handler, which then often logs the dead engine as an
+    error at a normal stop (vllm#48745): the handler must be done first, and nothing logged."""
+    import logging
+
+    from agentgym_mega.rollout.engines.vllm_engine import VLLMEngine
+
+    records = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    logging.getLogger("vllm").addHandler(handler)
+    try:
+        engine = VLLMEngine(stack["tokenizer"].name_or_path, max_model_len=2048)
+        result = {}
+
+        def generate():
+            try:
+                result["out"] = engine.generate([[5] * 300], SamplingConfig(max_tokens=1700), [0])
+            except RuntimeError as error:
+                result["error"] = str(error)
+
+        call = threading.Thread(target=generate)
+        call.start()
+        deadline = time.monotonic() + 30
+        while not engine.health()["running"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert engine.health()["running"] == 1
+        # Whether vLLM's order logs the error is a race between two threads; the order is not.
+        core, output_handler, handler_done = engine.llm.engine_core, engine.llm.output_handler, []
+        core_shutdown = core.shutdown
+        core.shutdown = lambda *a, **k: handler_done.append(output_handler.done()) or core_shutdown(*a, **k)
+        engine.shutdown()
+        assert handler_done[:1] == [True]
+        call.join(timeout=10)
+        assert not call.is_alive() and "shut down during this generate call" in result.get("error", ""), result
+        engine.shutdown()
+        with pytest.raises(RuntimeError, match="engine is shut down"):
+            engine.generate([[5]], SamplingConfig(max_tokens=2))
+    finally:
+        logging.getLogger("vllm").removeHandler(handler)
+    assert [r.getMessage() for r in records] == []

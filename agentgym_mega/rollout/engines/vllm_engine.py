@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import itertools
 import os
 import threading
@@ -87,6 +88,7 @@ class VLLMEngine(InferenceEngine):
         self.llm = self.run(_start(args))
         self._request_ids = itertools.count()
         self._calls: dict[str, concurrent.futures.Future] = {}  # generate calls by key, for abort
+        self._closed = False
         self._aborted: collections.OrderedDict[str, bool] = collections.OrderedDict()
         self._calls_lock = threading.Lock()
         self.version = 0
@@ -126,9 +128,11 @@ class VLLMEngine(InferenceEngine):
         async def every() -> list[Generation]:
             return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
 
-        call = asyncio.run_coroutine_threadsafe(every(), self._loop)
-        if key is not None:
-            with self._calls_lock:
+        with self._calls_lock:
+            if self._closed:
+                raise RuntimeError("the vLLM engine is shut down")
+            call = asyncio.run_coroutine_threadsafe(every(), self._loop)
+            if key is not None:
                 if self._aborted.pop(key, False):
                     call.cancel()
                 else:
@@ -136,6 +140,8 @@ class VLLMEngine(InferenceEngine):
         try:
             return call.result()
         except concurrent.futures.CancelledError:
+            if self._closed:
+                raise RuntimeError("the vLLM engine was shut down during this generate call") from None
             return []
         finally:
             if key is not None:
@@ -197,13 +203,41 @@ class VLLMEngine(InferenceEngine):
                 "node_id": node_id}
 
     def shutdown(self) -> None:
+        """Ends the engine; a second call does nothing. Generate calls still running raise."""
+        with self._calls_lock:
+            if self._closed:
+                return
+            self._closed = True
+        # vLLM's own shutdown ends the engine core before cancelling its output handler, which
+        # then logs the dead engine as an error (vllm#48745): the handler goes first.
+        self.run(_cancel_output_handler(self.llm))
         # Ends vLLM's engine-core process now; left to interpreter exit, a process whose model
         # directory is already gone can keep the exit waiting on it.
         self.llm.shutdown()
+        # Ends the generate calls still running (their callers get an error) and vLLM's socket
+        # reader, which its client cancels from this thread: stopped before they end, the loop
+        # would leave them pending at exit.
+        self.run(_end_remaining_tasks())
         self._loop.call_soon_threadsafe(self._loop.stop)
         # AsyncLLM shuts down again when collected: now, while the modules it calls still exist,
         # rather than at interpreter exit.
         del self.llm
+
+
+async def _cancel_output_handler(llm) -> None:
+    handler = getattr(llm, "output_handler", None)
+    if handler is not None and not handler.done():
+        handler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await handler
+
+
+async def _end_remaining_tasks(timeout_s: float = 5.0) -> None:
+    tasks = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout_s)
 
 
 async def _start(args):
