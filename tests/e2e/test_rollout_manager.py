@@ -333,31 +333,33 @@ def test_shutdown_ends_running_calls_with_an_error_and_logs_none(stack):
     logging.getLogger("vllm").addHandler(handler)
     try:
         engine = VLLMEngine(stack["tokenizer"].name_or_path, max_model_len=2048)
-        result = {}
+        try:
+            result = {}
 
-        def generate():
-            try:
-                result["out"] = engine.generate([[5] * 300], SamplingConfig(max_tokens=1700), [0])
-            except RuntimeError as error:
-                result["error"] = str(error)
+            def generate():
+                try:
+                    result["out"] = engine.generate([[5] * 300], SamplingConfig(max_tokens=1700), [0])
+                except RuntimeError as error:
+                    result["error"] = str(error)
 
-        call = threading.Thread(target=generate)
-        call.start()
-        deadline = time.monotonic() + 30
-        while not engine.health()["running"] and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert engine.health()["running"] == 1
-        # Whether vLLM's order logs the error is a race between two threads; the order is not.
-        core, output_handler, handler_done = engine.llm.engine_core, engine.llm.output_handler, []
-        core_shutdown = core.shutdown
-        core.shutdown = lambda *a, **k: handler_done.append(output_handler.done()) or core_shutdown(*a, **k)
-        engine.shutdown()
-        assert handler_done[:1] == [True]
-        call.join(timeout=10)
-        assert not call.is_alive() and "shut down during this generate call" in result.get("error", ""), result
-        engine.shutdown()
-        with pytest.raises(RuntimeError, match="engine is shut down"):
-            engine.generate([[5]], SamplingConfig(max_tokens=2))
+            call = threading.Thread(target=generate)
+            call.start()
+            deadline = time.monotonic() + 30
+            while not engine.health()["running"] and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert engine.health()["running"] == 1
+            # Whether vLLM's order logs the error is a race between two threads; the order is not.
+            core, output_handler, handler_done = engine.llm.engine_core, engine.llm.output_handler, []
+            core_shutdown = core.shutdown
+            core.shutdown = lambda *a, **k: handler_done.append(output_handler.done()) or core_shutdown(*a, **k)
+            engine.shutdown()
+            assert handler_done[:1] == [True]
+            call.join(timeout=10)
+            assert not call.is_alive() and "shut down during this generate call" in result.get("error", ""), result
+            with pytest.raises(RuntimeError, match="engine is shut down"):
+                engine.generate([[5]], SamplingConfig(max_tokens=2))
+        finally:
+            engine.shutdown()  # the second call, or the first after a failure
     finally:
         logging.getLogger("vllm").removeHandler(handler)
     assert [r.getMessage() for r in records] == []
