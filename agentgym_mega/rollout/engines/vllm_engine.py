@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import contextlib
 import itertools
 import os
 import threading
@@ -210,30 +209,25 @@ class VLLMEngine(InferenceEngine):
             self._closed = True
         # vLLM's own shutdown ends the engine core before cancelling its output handler, which
         # then logs the dead engine as an error (vllm#48745): the handler goes first.
-        self.run(_cancel_output_handler(self.llm))
+        handler = getattr(self.llm, "output_handler", None)
+        self.run(_end_tasks({handler} if handler is not None else set()))
         # Ends vLLM's engine-core process now; left to interpreter exit, a process whose model
         # directory is already gone can keep the exit waiting on it.
         self.llm.shutdown()
         # Ends the generate calls still running (their callers get an error) and vLLM's socket
         # reader, which its client cancels from this thread: stopped before they end, the loop
         # would leave them pending at exit.
-        self.run(_end_remaining_tasks())
+        self.run(_end_tasks())
         self._loop.call_soon_threadsafe(self._loop.stop)
         # AsyncLLM shuts down again when collected: now, while the modules it calls still exist,
         # rather than at interpreter exit.
         del self.llm
 
 
-async def _cancel_output_handler(llm) -> None:
-    handler = getattr(llm, "output_handler", None)
-    if handler is not None and not handler.done():
-        handler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await handler
-
-
-async def _end_remaining_tasks(timeout_s: float = 5.0) -> None:
-    tasks = asyncio.all_tasks() - {asyncio.current_task()}
+async def _end_tasks(tasks: set | None = None, timeout_s: float = 5.0) -> None:
+    """Cancels ``tasks`` of the running loop (by default every task but this one) and waits for
+    them to end."""
+    tasks = asyncio.all_tasks() - {asyncio.current_task()} if tasks is None else tasks
     for task in tasks:
         task.cancel()
     if tasks:
