@@ -238,7 +238,7 @@ class TrainerRank:
     def logprobs(self, input_ids: torch.Tensor, temperature: float, attention_mask: torch.Tensor | None = None,
                  positions: torch.Tensor | None = None) -> torch.Tensor:
         return self.worker.logprobs(input_ids, temperature=temperature, attention_mask=attention_mask,
-                                    positions=positions)["logprobs"]
+                                    positions=positions, entropy=False)["logprobs"]
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.worker.values(input_ids, attention_mask=attention_mask)

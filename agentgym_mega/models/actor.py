@@ -26,6 +26,43 @@ _PADDED_LOGIT = -1e9
 PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, dict], tuple[torch.Tensor, torch.Tensor, dict]]
 
 
+def _centred(logits, targets, vocab: int, temperature: float, group):
+    """The head's first pass over this rank's logits shard ``[..., V / tp]``: ``x - m`` in fp32
+    (``x`` the scaled logits, padded vocabulary rows pushed to ``_PADDED_LOGIT``, ``m`` the max
+    over the whole vocabulary, reduced over the TP group), and each target's entry of it with the
+    target's index in this shard and whether this shard holds it (the entry is 0 where it does
+    not). The logits themselves are never written."""
+    shard = logits.shape[-1]
+    start = torch.distributed.get_rank(group) * shard if group is not None else 0
+    x = logits.float()  # the logits themselves when they are fp32 at temperature 1
+    if temperature != 1.0:
+        x = x / temperature
+    if start + shard > vocab:
+        x = x.masked_fill(torch.arange(start, start + shard, device=x.device) >= vocab, _PADDED_LOGIT)
+    top = x.amax(dim=-1, keepdim=True)  # not max(): finding the indices too is 10x slower on CPU
+    if group is not None:
+        torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=group)
+    centred = x - top if x is logits else x.sub_(top)
+    local = targets - start
+    mine = (local >= 0) & (local < shard)
+    target = centred.gather(-1, local.clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1) * mine
+    return centred, target, local, mine
+
+
+def _target_logprobs(logits, targets, vocab: int, temperature: float, group) -> torch.Tensor:
+    """Log-probs of the targets alone, for passes without a gradient (the old and the reference
+    policy's): ``logp = (x - m)[target] - log z``, with ``z = sum exp(x - m)`` exponentiated in
+    place. One fp32 copy of the logits shard at the peak, and no pass for the entropy or for
+    ``log p`` as a whole, which :class:`_LogprobsAndEntropy` keeps for the backward pass."""
+    centred, target, _, _ = _centred(logits, targets, vocab, temperature, group)
+    sums = torch.stack([centred.exp_().sum(-1), target])
+    del centred
+    if group is not None:
+        torch.distributed.all_reduce(sums, group=group)
+    z, target = sums
+    return target - z.log()
+
+
 class _LogprobsAndEntropy(torch.autograd.Function):
     """Log-probs of the targets and entropies from TP-sharded logits ``[..., V / tp]`` in one pass
     that keeps a single fp32 tensor of the logits' size, ``log p`` itself, for the backward pass
@@ -40,21 +77,7 @@ class _LogprobsAndEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, vocab: int, temperature: float, group):
         ctx.set_materialize_grads(False)  # an output the loss does not use gets no gradient terms
-        shard = logits.shape[-1]
-        start = torch.distributed.get_rank(group) * shard if group is not None else 0
-        x = logits.float()  # the logits themselves when they are fp32: every step below is out of place
-        if temperature != 1.0:
-            x = x / temperature
-        if start + shard > vocab:
-            x = x.masked_fill(torch.arange(start, start + shard, device=x.device) >= vocab, _PADDED_LOGIT)
-        top = x.amax(dim=-1, keepdim=True)  # not max(): finding the indices too is 10x slower on CPU
-        if group is not None:
-            torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=group)
-        log_p = x - top  # the one copy kept; log p once log z is subtracted below
-        del x
-        local = targets - start
-        mine = (local >= 0) & (local < shard)
-        target = log_p.gather(-1, local.clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1) * mine
+        log_p, target, local, mine = _centred(logits, targets, vocab, temperature, group)  # log p once log z is off
         exp = log_p.exp()
         sums = torch.stack([exp.sum(-1), exp.mul_(log_p).sum(-1), target])
         del exp
@@ -104,6 +127,20 @@ def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, vo
     ``[n, V_padded / tp]`` rows that predict them (the policy model given
     ``loss_mask=logit_rows(positions)``). Agent episodes are mostly prompt and observation
     tokens, so this spares most of the head's work and its fp32 copies."""
+    return _per_token(_LogprobsAndEntropy.apply, logits, input_ids, vocab, temperature, positions)
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, vocab: int, temperature: float = 1.0,
+                   positions: torch.Tensor | None = None) -> torch.Tensor:
+    """The log-probs of :func:`token_logprobs_and_entropy` alone, for passes without a gradient:
+    half the head's passes over the logits and half its fp32 memory."""
+    (logp,) = _per_token(lambda *a: (_target_logprobs(*a),), logits, input_ids, vocab, temperature, positions)
+    return logp
+
+
+def _per_token(head, logits, input_ids, vocab: int, temperature: float, positions) -> tuple[torch.Tensor, ...]:
+    """Runs ``head(logits, targets, vocab, temperature, group)`` on the rows that have targets
+    and lays each ``[rows]`` result out as ``[b, T]``."""
     from megatron.core import parallel_state
 
     group = parallel_state.get_tensor_model_parallel_group()
@@ -113,14 +150,14 @@ def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor, vo
     # would then be copied into a zeroed tensor of the full size.
     targets = F.pad(input_ids[:, 1:], (0, 1)).t()
     if positions is None:
-        logp, entropy = _LogprobsAndEntropy.apply(logits, targets, vocab, temperature, group)
+        outs = head(logits, targets, vocab, temperature, group)
     else:
         rows = logit_rows(positions).bool().t()
         if logits.dim() == 3:  # every row was computed
             logits = logits[rows]
-        logp, entropy = _LogprobsAndEntropy.apply(logits, targets[rows], vocab, temperature, group)
-        logp, entropy = (rows.new_zeros(rows.shape, dtype=t.dtype).masked_scatter(rows, t) for t in (logp, entropy))
-    return F.pad(logp.t()[:, :-1], (1, 0)), F.pad(entropy.t()[:, :-1], (1, 0))
+        outs = head(logits, targets[rows], vocab, temperature, group)
+        outs = (rows.new_zeros(rows.shape, dtype=t.dtype).masked_scatter(rows, t) for t in outs)
+    return tuple(F.pad(t.t()[:, :-1], (1, 0)) for t in outs)
 
 
 def _logits_at(key: str):
@@ -149,20 +186,25 @@ class MegatronActor(ModelWorker):
         return self.infer({"input_ids": input_ids}, head, ("logits",), micro_batch_size)["logits"]
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float = 1.0, micro_batch_size: int | None = None,
-                 attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> dict:
+                 attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                 entropy: bool = True) -> dict:
         """``{"logprobs": [B, T], "entropy": [B, T]}`` for ``input_ids [B, T]`` (with an
         ``attention_mask``, micro-batches are only as wide as their sequences; with
-        ``positions``, e.g. the loss mask, only those are computed and the rest hold 0)."""
+        ``positions``, e.g. the loss mask, only those are computed and the rest hold 0). With
+        ``entropy=False``, the log-probs alone, through the head's cheaper pass (the old and the
+        reference policy's log-probs in training)."""
         vocab = self.hf_config.vocab_size
 
         def head(logits, mb):
-            with torch.no_grad():
+            if entropy:
                 logp, ent = token_logprobs_and_entropy(logits, mb["input_ids"], vocab, temperature, mb.get("positions"))
-            return logp.sum() * 0, {"logprobs": logp, "entropy": ent}
+                return logp.sum() * 0, {"logprobs": logp, "entropy": ent}
+            logp = token_logprobs(logits, mb["input_ids"], vocab, temperature, mb.get("positions"))
+            return logp.sum() * 0, {"logprobs": logp}
 
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "positions": positions}
         batch = {k: v for k, v in batch.items() if v is not None}
-        return self.infer(batch, head, ("logprobs", "entropy"), micro_batch_size,
+        return self.infer(batch, head, ("logprobs", "entropy") if entropy else ("logprobs",), micro_batch_size,
                           _logits_at("positions") if positions is not None else None)
 
     def update(self, batch: dict, loss_fn: PolicyLossFn, temperature: float = 1.0,

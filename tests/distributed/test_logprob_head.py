@@ -3,7 +3,9 @@ vocabulary: values and gradients, with temperature and vocabulary padding, at TP
 (each rank holding half of the padded vocabulary, in megatron's sequence-first order); also
 with a loss using the log-probs only (the entropy's gradient terms skipped), computed only at
 chosen positions (0 elsewhere, and no gradient from there), and at temperature 1, where fp32
-logits are read in place and must be left as they were. Tolerance 1e-5 (fp32)."""
+logits are read in place and must be left as they were. Tolerance 1e-5 (fp32). The log-probs
+alone (the no-gradient pass of the old and reference policies) must equal the fused head's
+bit for bit, bf16 logits included, and leave the logits as they were."""
 
 import pytest
 import torch
@@ -80,3 +82,40 @@ def test_fused_head_matches_log_softmax_and_its_gradients(tp, case):
         expected = want["grad"][..., rank * shard:(rank + 1) * shard]
         assert torch.allclose(got["grad"], expected, atol=1e-5, rtol=1e-5), (got["grad"] - expected).abs().max()
     assert want["grad"][..., VOCAB:].abs().max() == 0 and want["grad"].abs().max() > 0.1
+
+
+ALONE_CASES = ("scaled", "positions", "unscaled", "bf16")
+
+
+def alone_job(tp: int) -> dict:
+    from megatron.core import parallel_state
+
+    from agentgym_mega import platform
+    from agentgym_mega.models.actor import token_logprobs, token_logprobs_and_entropy
+
+    platform.init_distributed(tp=tp, pp=1, seed=0)
+    logits, ids, _, positions = inputs()
+    rank, shard = parallel_state.get_tensor_model_parallel_rank(), PADDED // tp
+    out = {}
+    for case in ALONE_CASES:  # one set of ranks for all: each start costs seconds
+        mine = logits.transpose(0, 1)[..., rank * shard:(rank + 1) * shard].contiguous()
+        mine = mine.bfloat16() if case == "bf16" else mine
+        before = mine.clone()
+        args = (mine, ids, VOCAB, 1.0 if case in ("unscaled", "bf16") else TEMPERATURE,
+                positions if case == "positions" else None)
+        with torch.no_grad():
+            out[case] = {"alone": token_logprobs(*args), "fused": token_logprobs_and_entropy(*args)[0]}
+        assert torch.equal(mine, before), f"{case}: the head wrote into the logits"
+    return out
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_logprobs_alone_equal_the_fused_heads(tp):
+    ranks = run_on_local_ranks(alone_job, tp, tp)
+    for case in ALONE_CASES:
+        want = None if case == "bf16" else reference({"scaled": "both"}.get(case, case))["logp"]
+        for got in (rank[case] for rank in ranks):
+            assert torch.equal(got["alone"], got["fused"]), (case, (got["alone"] - got["fused"]).abs().max())
+            if want is not None:  # bf16: the fused head's own values are the reference
+                error = (got["alone"] - want).abs().max()
+                assert torch.allclose(got["alone"], want, atol=1e-5, rtol=1e-5), (case, error)
