@@ -1,11 +1,13 @@
 """Ray placement groups for a run, and the trainer's ranks as Ray actors driven as one group.
 
 Each rank is one process (one GPU on clusters, one CPU process here) that joins
-torch.distributed (NCCL or gloo) and holds its megatron-core shard. A group's methods
-(:class:`PolicyGroup` for the actor and the reference policy, :class:`CriticGroup`) run on every
-rank at once (megatron work is collective) and return rank 0's answer, which all ranks share.
-Weight sync runs inside the ranks: they gather HF tensors from their shards to rank 0, which
-streams them to the engines.
+torch.distributed (NCCL or gloo) and holds its megatron-core shard of every trainer role of the
+run: the actor's, the reference policy's and the critic's models live side by side in the same
+process (:class:`TrainerRanks`), so a GPU carries one CUDA context and one set of process groups,
+not one per role. A role's group (:class:`PolicyGroup` for the actor and the reference policy,
+:class:`CriticGroup`) runs its methods on every rank at once (megatron work is collective) and
+returns rank 0's answer, which all ranks share. Weight sync runs inside the ranks: they gather HF
+tensors from their shards to rank 0, which streams them to the engines.
 """
 
 from __future__ import annotations
@@ -74,8 +76,8 @@ def offload_on(cfg, gpus: bool) -> bool:
 class Placement:
     """The run's placement groups and, per actor, the Ray options that put it in its bundle.
 
-    Trainer bundles: one per trainer rank (one GPU each), holding that rank of the actor, the
-    reference policy and the critic. `colocated`: engine j runs in trainer bundles
+    Trainer bundles: one per trainer rank (one GPU each), holding that rank's process, which
+    hosts every trainer role. `colocated`: engine j runs in trainer bundles
     j * engine_tp ... (j + 1) * engine_tp - 1, sharing their GPUs; `split`: engines get bundles
     of their own. Env servers started by the trainer get one-CPU bundles spread over the nodes
     (over those offering cluster.env_resource when it is set: CPU nodes kept for them).
@@ -91,8 +93,9 @@ class Placement:
         self.colocated = cfg.cluster.placement == "colocated"
         self.engine_tp = cfg.rollout.engine_tp
         self.num_engines = cfg.rollout.num_engines
-        # Actors sharing a bundle split its device evenly: Ray then gives them all the same GPU.
-        self.share = 1.0 / (len(roles(cfg)) + self.colocated)
+        # Actors sharing a bundle (a trainer rank and a colocated engine) split its device evenly:
+        # Ray then gives them both the same GPU.
+        self.share = 1.0 / (1 + self.colocated)
         unit = {self.device: 1}
         self.trainer_group = placement_group([unit] * cfg.parallel.world_size, strategy="PACK")
         engine_bundles = cfg.rollout.num_engines * cfg.rollout.engine_tp
@@ -170,7 +173,7 @@ class Placement:
             placement_group=group, placement_group_bundle_index=bundle, **extra)}
 
     def trainer(self, rank: int) -> dict:
-        """Ray options of trainer rank `rank` (of any role)."""
+        """Ray options of trainer rank `rank` (the process of every role)."""
         return self._options(self.trainer_group, self.trainer_order[rank], self.share)
 
     def _engine_bundles(self, index: int) -> list[int]:
@@ -211,56 +214,60 @@ _ZMQ_FROM_RANK_0 = "zmq from rank 0"  # what ranks > 0 hold for a ZMQ transport:
 
 
 class TrainerRank:
-    """One rank of the actor, the reference policy or the critic (a Ray actor's body)."""
+    """One trainer rank (a Ray actor's body): joins torch.distributed once, then holds a model of
+    each role added to it (:meth:`add_role`); every role method names the role it runs."""
 
     def node_address(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0 to host the rendezvous."""
         host = reachable_ip()
         return host, free_port(host)
 
-    def setup(self, rank: int, world: int, master: tuple[str, int], cfg: dict, hf_dir: str, role: str) -> None:
+    def setup(self, rank: int, world: int, master: tuple[str, int], cfg: dict) -> None:
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
                           MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
         if not platform.has_cuda():
             torch.set_num_threads(1)  # ranks share the cores; oversubscription only slows them
         self.cfg = validate(cfg)
         platform.init_distributed(self.cfg.parallel.tp, self.cfg.parallel.pp, self.cfg.trainer.seed)
+        self.workers: dict = {}
+        self.synchronizer = None
+
+    def add_role(self, role: str, hf_dir: str) -> None:
         if role == "critic":
             from agentgym_mega.models.critic import MegatronCritic
 
-            self.worker = MegatronCritic(hf_dir, self.cfg)
+            self.workers[role] = MegatronCritic(hf_dir, self.cfg)
         else:
             from agentgym_mega.models.actor import MegatronActor
 
-            self.worker = MegatronActor(hf_dir, self.cfg, trainable=role == "actor")
-        self.synchronizer = None
+            self.workers[role] = MegatronActor(hf_dir, self.cfg, trainable=role == "actor")
 
-    def logprobs(self, input_ids: torch.Tensor, temperature: float, attention_mask: torch.Tensor | None = None,
-                 positions: torch.Tensor | None = None) -> torch.Tensor:
-        return self.worker.logprobs(input_ids, temperature=temperature, attention_mask=attention_mask,
-                                    positions=positions, entropy=False)["logprobs"]
+    def logprobs(self, role: str, input_ids: torch.Tensor, temperature: float,
+                 attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        return self.workers[role].logprobs(input_ids, temperature=temperature, attention_mask=attention_mask,
+                                           positions=positions, entropy=False)["logprobs"]
 
-    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.worker.values(input_ids, attention_mask=attention_mask)
+    def values(self, role: str, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.workers[role].values(input_ids, attention_mask=attention_mask)
 
-    def update_policy(self, batch: dict, temperature: float) -> dict:
+    def update_policy(self, role: str, batch: dict, temperature: float) -> dict:
         """One optimizer step of the actor on `batch` (input_ids, loss_mask, old_logprobs,
         advantages and, with a KL loss, ref_logprobs) with the configured objective."""
         from agentgym_mega.algorithms import actor_loss
 
         algorithm = self.cfg.algorithm
-        return self.worker.update(batch, lambda logp, ent, mb: actor_loss(logp, ent, mb, algorithm),
-                                  temperature=temperature)
+        return self.workers[role].update(batch, lambda logp, ent, mb: actor_loss(logp, ent, mb, algorithm),
+                                         temperature=temperature)
 
-    def update_values(self, batch: dict) -> dict:
+    def update_values(self, role: str, batch: dict) -> dict:
         """One optimizer step of the critic: clipped value loss against the returns."""
         from agentgym_mega.algorithms import critic_loss
 
         algorithm = self.cfg.algorithm
-        return self.worker.update(batch, lambda values, mb: critic_loss(values, mb, algorithm))
+        return self.workers[role].update(batch, lambda values, mb: critic_loss(values, mb, algorithm))
 
     def sync_weights(self, engines: list, version: int, engine_nodes: list[str] | None = None):
-        """Every rank takes part: in the gather of the tensors and, over the collective transport,
+        """The actor's weights. Every rank takes part: in the gather of the tensors and, over the collective transport,
         each pipeline stage's first rank sends its stage; over CUDA IPC each rank feeds the engine
         workers on its own GPU. Returns the transfer stats on rank 0
         (see config.WeightSyncConfig for the transports). `engine_nodes`: the node id of every
@@ -272,10 +279,10 @@ class TrainerRank:
         if synchronizer is None:
             return None
         if isinstance(synchronizer, CollectiveWeightSynchronizer):
-            return synchronizer.sync(self.worker.export_hf(to="stage"), engines, version)
+            return synchronizer.sync(self.workers["actor"].export_hf(to="stage"), engines, version)
         if isinstance(synchronizer, CudaIpcWeightSynchronizer):
-            return synchronizer.sync(self.worker.export_hf(to="every"), engines, version)
-        named = self.worker.export_hf()
+            return synchronizer.sync(self.workers["actor"].export_hf(to="every"), engines, version)
+        named = self.workers["actor"].export_hf()
         try:
             if dist.get_rank() == 0:
                 return synchronizer.sync(named, engines, version)
@@ -333,42 +340,73 @@ class TrainerRank:
             self.synchronizer = _ZMQ_FROM_RANK_0
         return self.synchronizer
 
-    def release_memory(self, params: bool) -> None:
-        self.worker.release_memory(params)
+    def release_memory(self, role: str, params: bool) -> None:
+        self.workers[role].release_memory(params)
 
-    def restore_memory(self) -> None:
-        self.worker.restore_memory()
+    def restore_memory(self, role: str) -> None:
+        self.workers[role].restore_memory()
 
-    def save_checkpoint(self, root: str, step: int, trainer_state: dict) -> str:
-        return self.worker.save_checkpoint(root, step, trainer_state)
+    def save_checkpoint(self, role: str, root: str, step: int, trainer_state: dict) -> str:
+        return self.workers[role].save_checkpoint(root, step, trainer_state)
 
-    def load_checkpoint(self, path: str) -> dict:
-        return self.worker.load_checkpoint(path)
+    def load_checkpoint(self, role: str, path: str) -> dict:
+        return self.workers[role].load_checkpoint(path)
 
 
-class TrainerGroup:
-    """`world_size` TrainerRank actors of one role, set up together; every method runs on all
-    ranks at once and returns rank 0's result."""
+class TrainerRanks:
+    """The run's `world_size` trainer processes (TrainerRank actors), joined into one
+    torch.distributed world; every role's group adds its model to them."""
 
-    def __init__(self, cfg, hf_dir: str, role: str, placement: Placement | None = None):
-        if role not in ROLES:
-            raise ValueError(f"role {role!r}: allowed {', '.join(ROLES)}")
+    def __init__(self, cfg, placement: Placement | None = None):
         world = cfg.parallel.world_size
         # Without a placement (tools, tests): a GPU per rank, or on CPU no reservation at all
         # (ranks share the cores).
         loose = {"num_gpus": 1} if platform.has_cuda() else {"num_cpus": 0}
         self.placement = placement
-        self.ranks = [ray.remote(**(placement.trainer(i) if placement else loose))(TrainerRank).remote()
-                      for i in range(world)]
+        self.actors = [ray.remote(**(placement.trainer(i) if placement else loose))(TrainerRank).remote()
+                       for i in range(world)]
         try:
-            master = ray.get(self.ranks[0].node_address.remote())
-            ray.get([r.setup.remote(i, world, master, to_dict(cfg), hf_dir, role) for i, r in enumerate(self.ranks)])
+            master = ray.get(self.actors[0].node_address.remote())
+            ray.get([r.setup.remote(i, world, master, to_dict(cfg)) for i, r in enumerate(self.actors)])
+        except BaseException:
+            self.shutdown()  # the caller never gets the ranks to shut down
+            raise
+
+    def call(self, method: str, *args):
+        """``method(*args)`` on every rank at once; rank 0's result."""
+        return ray.get([getattr(r, method).remote(*args) for r in self.actors])[0]
+
+    def shutdown(self) -> None:
+        for r in self.actors:
+            ray.kill(r)
+
+
+class TrainerGroup:
+    """One role on the trainer ranks: its model in every rank process, its methods run on all
+    ranks at once, returning rank 0's result. Given the run's `ranks`, the role joins them;
+    without, the group starts ranks of its own, which its shutdown ends."""
+
+    def __init__(self, cfg, hf_dir: str, role: str, placement: Placement | None = None,
+                 ranks: TrainerRanks | None = None):
+        if role not in ROLES:
+            raise ValueError(f"role {role!r}: allowed {', '.join(ROLES)}")
+        self.role = role
+        self._own = ranks is None
+        self.trainer_ranks = ranks or TrainerRanks(cfg, placement)
+        self.placement = self.trainer_ranks.placement
+        try:
+            self.trainer_ranks.call("add_role", role, hf_dir)
         except BaseException:
             self.shutdown()  # the caller never gets the group to shut down
             raise
 
+    @property
+    def ranks(self) -> list:
+        """The rank actors (shared with the run's other roles)."""
+        return self.trainer_ranks.actors
+
     def _call(self, method: str, *args):
-        return ray.get([getattr(r, method).remote(*args) for r in self.ranks])[0]
+        return self.trainer_ranks.call(method, self.role, *args)
 
     def save_checkpoint(self, root: str, step: int, trainer_state: dict) -> str:
         """Writes ``root/iter_<step>`` (model, optimizer, scheduler, RNG, ``trainer_state``) and
@@ -381,7 +419,7 @@ class TrainerGroup:
         return self._call("load_checkpoint", path)
 
     def release_memory(self, params: bool = True) -> None:
-        """Frees the ranks' device memory (gradients, optimizer state and, with ``params``, the
+        """Frees the role's device memory (gradients, optimizer state and, with ``params``, the
         parameters), keeping what must survive on the host; see models.offload."""
         self._call("release_memory", params)
 
@@ -390,15 +428,17 @@ class TrainerGroup:
         self._call("restore_memory")
 
     def shutdown(self) -> None:
-        for r in self.ranks:
-            ray.kill(r)
+        """Ends the ranks if this group started them; the run's shared ranks end with the run."""
+        if self._own:
+            self.trainer_ranks.shutdown()
 
 
 class PolicyGroup(TrainerGroup):
     """The actor, or with ``trainable=False`` the frozen reference policy."""
 
-    def __init__(self, cfg, hf_dir: str, *, trainable: bool = True, placement: Placement | None = None):
-        super().__init__(cfg, hf_dir, "actor" if trainable else "ref", placement)
+    def __init__(self, cfg, hf_dir: str, *, trainable: bool = True, placement: Placement | None = None,
+                 ranks: TrainerRanks | None = None):
+        super().__init__(cfg, hf_dir, "actor" if trainable else "ref", placement, ranks)
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float, attention_mask: torch.Tensor | None = None,
                  positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -416,13 +456,15 @@ class PolicyGroup(TrainerGroup):
     def sync_weights(self, engines: list, version: int):
         """Streams the current weights to ``engines`` as ``version``; returns the transfer's
         :class:`~agentgym_mega.weight_sync.SyncStats`."""
+        if self.role != "actor":
+            raise ValueError("only the actor's weights go to the engines")
         nodes = self.placement.engine_worker_nodes() if self.placement else None
-        return self._call("sync_weights", engines, version, nodes)
+        return self.trainer_ranks.call("sync_weights", engines, version, nodes)
 
 
 class CriticGroup(TrainerGroup):
-    def __init__(self, cfg, hf_dir: str, placement: Placement | None = None):
-        super().__init__(cfg, hf_dir, "critic", placement)
+    def __init__(self, cfg, hf_dir: str, placement: Placement | None = None, ranks: TrainerRanks | None = None):
+        super().__init__(cfg, hf_dir, "critic", placement, ranks)
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, T]`` values, aligned as :mod:`agentgym_mega.models.critic` says."""

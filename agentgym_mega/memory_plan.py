@@ -4,8 +4,8 @@
 The model of memory
 -------------------
 Sizes are decimal bytes (1 GB = 1e9 B). A GPU of ``gpu_mem_gb`` GB offers that much less
-``HEADROOM`` (5%) for the CUDA contexts of the processes sharing it (an engine worker and a rank of
-each trainer role) and for allocator fragmentation. An "80 GB" H100 exposes 79.6 GiB = 85.5 GB,
+``HEADROOM`` (5%) for the CUDA contexts of the processes sharing it (an engine worker and a trainer
+rank, which hosts every role) and for allocator fragmentation. An "80 GB" H100 exposes 79.6 GiB = 85.5 GB,
 so planning against 80 GB leaves a further ~5 GB unclaimed.
 
 Trainer roles (actor, reference, critic: :func:`agentgym_mega.cluster.roles`), per GPU. Every

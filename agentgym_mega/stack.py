@@ -14,7 +14,7 @@ from typing import Iterator
 import ray
 
 from agentgym_mega import platform
-from agentgym_mega.cluster import CriticGroup, Placement, PolicyGroup, offload_on, roles
+from agentgym_mega.cluster import CriticGroup, Placement, PolicyGroup, TrainerRanks, offload_on, roles
 
 log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 30.0  # an engine that does not answer this long after a failed sync counts as dead
@@ -56,6 +56,7 @@ class Stack:
         self.actor: PolicyGroup | None = None
         self.ref: PolicyGroup | None = None  # with a KL term
         self.critic: CriticGroup | None = None  # with GAE
+        self.trainer_ranks: TrainerRanks | None = None  # the processes of every trainer role
         self.offload = False  # cluster.offload, resolved once the devices are known
         self.dropped_engines = 0  # taken out of rotation after a failed weight sync
         self._owns_ray = False
@@ -75,11 +76,8 @@ class Stack:
             stack.shutdown()
 
     def _start(self, env: bool, trainers: bool, engine_model: str) -> None:
-        from transformers import AutoTokenizer
-
         from agentgym_mega.rollout.engines.vllm_engine import launch_remote
         from agentgym_mega.rollout.env_client import EnvClient
-        from agentgym_mega.rollout.manager import RolloutManager
         from agentgym_mega.rollout.tasks import select_tasks
 
         cfg = self.cfg
@@ -101,14 +99,14 @@ class Stack:
                 engine_model, tp=cfg.rollout.engine_tp, dtype=cfg.rollout.dtype,
                 max_model_len=cfg.rollout.max_model_len, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
                 seed=cfg.trainer.seed + i, options=self.placement.engine(i)))
-        self.tokenizer = AutoTokenizer.from_pretrained(engine_model)
-        if env:
-            self.rollout = RolloutManager.from_config(cfg, self.engines, self.env, self.tokenizer)
         # Engines and trainer roles load at once, unless they share GPUs (vLLM sizes its KV cache
         # from the device memory it sees free while it starts) or offload orders them.
         together = not (self.offload or gpus and self.placement.colocated)
         if trainers and together:
             self._start_trainer_roles()
+        # The driver's own start-up work (transformers' import alone takes seconds) comes while
+        # the engines finish starting.
+        self._start_rollout(env, engine_model)
         ray.get([e.health.remote() for e in self.engines])  # started before the first step's clock
         if trainers and self.offload:
             # The trainer roles load their weights (and a resume its Adam state) on the GPUs the
@@ -117,14 +115,26 @@ class Stack:
         if trainers and not together:
             self._start_trainer_roles()
 
+    def _start_rollout(self, env: bool, engine_model: str) -> None:
+        from transformers import AutoTokenizer
+
+        from agentgym_mega.rollout.manager import RolloutManager
+
+        self.tokenizer = AutoTokenizer.from_pretrained(engine_model)
+        if env:
+            self.rollout = RolloutManager.from_config(self.cfg, self.engines, self.env, self.tokenizer)
+
     def _start_trainer_roles(self) -> None:
+        """One process per trainer rank hosts every role (design.md's topology): the reference
+        policy and the critic are models of their own in the actor's processes."""
         cfg = self.cfg
         run_roles = roles(cfg)
-        self.actor = PolicyGroup(cfg, cfg.model.path, placement=self.placement)
+        self.trainer_ranks = TrainerRanks(cfg, self.placement)
+        self.actor = PolicyGroup(cfg, cfg.model.path, ranks=self.trainer_ranks)
         if "ref" in run_roles:
-            self.ref = PolicyGroup(cfg, cfg.model.path, trainable=False, placement=self.placement)
+            self.ref = PolicyGroup(cfg, cfg.model.path, trainable=False, ranks=self.trainer_ranks)
         if "critic" in run_roles:
-            self.critic = CriticGroup(cfg, cfg.model.critic_path or cfg.model.path, self.placement)
+            self.critic = CriticGroup(cfg, cfg.model.critic_path or cfg.model.path, ranks=self.trainer_ranks)
 
     def _init_ray(self, env: bool) -> None:
         if ray.is_initialized():
@@ -214,8 +224,8 @@ class Stack:
 
     def shutdown(self) -> None:
         """Stops what was started, in reverse order; safe after a start-up that failed halfway."""
-        for group in reversed(self.trainers()):
-            group.shutdown()
+        if self.trainer_ranks is not None:
+            self.trainer_ranks.shutdown()
         if self.env is not None:
             self.env.shutdown()
         for actor in self.engines + self.env_servers:

@@ -9,7 +9,7 @@ import ray
 from agentgym_mega.cluster import Placement
 from agentgym_mega.config import load_config
 
-pytestmark = pytest.mark.slow  # two dozen actor processes: about 40 s on 2 idle cores
+pytestmark = pytest.mark.slow  # eighteen actor processes: about 30 s on 2 idle cores
 
 
 class Probe:
@@ -34,7 +34,7 @@ def layouts(logical_gpus) -> dict:
 
 
 def config(placement: str, *extra: str):
-    # kl on: each trainer bundle holds an actor and a reference rank
+    # kl on: the reference policy's model is in the trainer ranks' processes, which take no more of a bundle
     return load_config(None, ["parallel.world_size=2", "parallel.tp=1", "rollout.num_engines=2",
                               "algorithm.kl_coef=0.001", "env.num_servers=2", f"cluster.placement={placement}", *extra])
 
@@ -42,8 +42,7 @@ def config(placement: str, *extra: str):
 def landed(cfg, gpus: bool = True) -> dict:
     placement = Placement(cfg, gpus=gpus)
     try:
-        probes = {("actor", i): placement.trainer(i) for i in range(2)}
-        probes |= {("ref", i): placement.trainer(i) for i in range(2)}
+        probes = {("trainer", i): placement.trainer(i) for i in range(2)}
         probes |= {("engine", i): placement.engine(i) for i in range(2)}
         probes |= {("env", i): placement.env_server(i) for i in range(2)}
         actors = {key: ray.remote(**options)(Probe).remote() for key, options in probes.items()}
@@ -61,24 +60,24 @@ def test_colocated_engines_share_the_trainer_bundles(layouts):
     trainer_group = where["groups"]["trainer"]
     assert where["groups"]["engine"] == trainer_group
     for i in range(2):
-        actor, ref, engine = where[("actor", i)], where[("ref", i)], where[("engine", i)]
-        assert actor["group"] == ref["group"] == engine["group"] == trainer_group
-        assert len(actor["gpus"]) == 1 and actor["gpus"] == ref["gpus"] == engine["gpus"]  # one GPU, three actors
-        assert engine["resources"] == {"GPU": pytest.approx(1 / 3, abs=1e-4)}  # Ray keeps 4 decimals
-    assert where[("actor", 0)]["gpus"] != where[("actor", 1)]["gpus"]
+        trainer, engine = where[("trainer", i)], where[("engine", i)]
+        assert trainer["group"] == engine["group"] == trainer_group
+        assert len(trainer["gpus"]) == 1 and trainer["gpus"] == engine["gpus"]  # one GPU, two actors
+        assert trainer["resources"] == engine["resources"] == {"GPU": pytest.approx(0.5)}
+    assert where[("trainer", 0)]["gpus"] != where[("trainer", 1)]["gpus"]
 
 
 def test_split_engines_get_their_own_bundles(layouts):
     where = layouts["split"]
-    trainer_gpus = {g for i in range(2) for g in where[("actor", i)]["gpus"] + where[("ref", i)]["gpus"]}
+    trainer_gpus = {g for i in range(2) for g in where[("trainer", i)]["gpus"]}
     engine_gpus = [where[("engine", i)]["gpus"] for i in range(2)]
     assert len(trainer_gpus) == 2 and all(len(g) == 1 for g in engine_gpus)
     assert not trainer_gpus & set(engine_gpus[0] + engine_gpus[1]) and engine_gpus[0] != engine_gpus[1]
     assert where["groups"]["engine"] != where["groups"]["trainer"]
     for i in range(2):
         assert where[("engine", i)]["group"] == where["groups"]["engine"]
-        assert where[("actor", i)]["group"] == where["groups"]["trainer"]
-        assert where[("actor", i)]["resources"] == {"GPU": pytest.approx(0.5)}  # actor + ref share a GPU
+        assert where[("trainer", i)]["group"] == where["groups"]["trainer"]
+        assert where[("trainer", i)]["resources"] == {"GPU": 1.0}  # every role in one process per GPU
 
 
 @pytest.mark.parametrize("placement", ["colocated", "split", "cpu"])
@@ -93,8 +92,8 @@ def test_env_servers_get_cpu_bundles_of_their_own(layouts, placement):
 def test_without_gpus_the_same_layout_uses_cpu_bundles(layouts):
     where = layouts["cpu"]
     assert all(w["gpus"] == [] for key, w in where.items() if key != "groups")
-    assert where[("engine", 0)]["group"] == where[("actor", 0)]["group"]
-    assert where[("actor", 0)]["resources"] == {"CPU": pytest.approx(1 / 3, abs=1e-4)}
+    assert where[("engine", 0)]["group"] == where[("trainer", 0)]["group"]
+    assert where[("trainer", 0)]["resources"] == {"CPU": pytest.approx(0.5)}
 
 
 def test_engine_tp_spans_consecutive_bundles_through_vllms_ray_executor(logical_gpus):
