@@ -732,16 +732,39 @@ def _bench(name: str):
 
 def _add_bench_train(benches) -> None:
     b = _command(
-        benches, "train", run=lambda a: _bench("train").run(),
+        benches, "train", run=_run_bench_train,
         help="forward+backward tokens/s: megatron actor (TP=1, TP=2) vs transformers",
         description=(
             "Builds a tiny Qwen2 model and times forward+backward of the mean next-token NLL on the\n"
             "same batch with transformers and with the megatron-core actor at TP=1 and TP=2 (local\n"
-            "gloo ranks on CPU), one thread per process. Every side runs in a fresh process, in three\n"
-            "alternating rounds; reports tokens/s from the median step, the ratios and each round's."
+            "gloo ranks on CPU), one thread per process. Every side runs in a fresh process, in\n"
+            "alternating rounds; reports tokens/s from the median step, the ratios and each round's.\n"
+            "Without options it measures the figure docs/results.md tracks (4 layers, hidden 256, 8\n"
+            "heads, 2 KV heads, vocab 2048, 4 x 256 tokens); the options below change one part of that\n"
+            "to see how the ratio moves with the model's size."
         ),
     )
+    for name, what in (("layers", "decoder layers"), ("hidden", "hidden size"), ("heads", "attention heads"),
+                       ("kv-heads", "key/value heads (even: TP=2 splits them)"), ("vocab", "vocabulary size"),
+                       ("ffn", "MLP width (default 3 x hidden)"), ("batch", "sequences per step"),
+                       ("seq", "tokens per sequence"), ("rounds", "alternating rounds (default 3)")):
+        b.add_argument(f"--{name}", type=_COUNT, default=None, help=what)
     _json_option(b, _BENCH_JSON)
+
+
+def _run_bench_train(args) -> dict:
+    bench = _bench("train")
+    spec = bench.BenchSpec()
+
+    def given(*names: str) -> dict:  # the options given on the command line
+        return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+    model = dataclasses.replace(spec.model, **given("layers", "hidden", "heads", "kv_heads", "vocab", "ffn"))
+    _validate_spec(model)
+    if model.kv_heads % 2:
+        raise BadInput(f"--kv-heads {model.kv_heads}: the TP=2 side gives each rank whole query groups, "
+                       "so the KV heads must be even")
+    return bench.run(dataclasses.replace(spec, model=model, **given("batch", "seq", "rounds")))
 
 
 def _add_bench_rollout(benches) -> None:
