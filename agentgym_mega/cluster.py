@@ -267,9 +267,9 @@ class TrainerRank:
         return self.workers[role].update(batch, lambda values, mb: critic_loss(values, mb, algorithm))
 
     def sync_weights(self, engines: list, version: int, engine_nodes: list[str] | None = None):
-        """The actor's weights. Every rank takes part: in the gather of the tensors and, over the collective transport,
-        each pipeline stage's first rank sends its stage; over CUDA IPC each rank feeds the engine
-        workers on its own GPU. Returns the transfer stats on rank 0
+        """The actor's weights. Every rank takes part: in the gather of the tensors and, over the
+        collective transport, each pipeline stage's first rank sends its stage; over CUDA IPC each
+        rank feeds the engine workers on its own GPU. Returns the transfer stats on rank 0
         (see config.WeightSyncConfig for the transports). `engine_nodes`: the node id of every
         engine worker of the run (default: each engine's own node)."""
         from agentgym_mega.weight_sync.collective import CollectiveWeightSynchronizer

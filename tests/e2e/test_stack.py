@@ -1,12 +1,13 @@
 """Start-up that fails halfway leaves nothing running: the env servers already started are
 stopped and the placement groups removed, and the error that stopped it reaches the caller. With
-offload on, the engines sleep while the trainer roles load."""
+offload on, the engines sleep while the trainer roles load, every role in one process per rank."""
 
 import time
 
 import pytest
 import ray
 import requests
+import torch
 
 from agentgym_mega.config import load_config
 from agentgym_mega.errors import BadInput
@@ -49,15 +50,25 @@ def test_a_start_up_failing_after_the_env_servers_stops_them(monkeypatch):
         ray.shutdown()
 
 
-def test_with_offload_the_engines_sleep_while_the_trainer_roles_load(tiny_qwen2):
+def test_with_offload_the_engines_sleep_while_the_trainer_roles_load_in_one_process_per_rank(tiny_qwen2):
     # Colocated on GPUs the roles' weights (and a resume's Adam state) would otherwise load on
     # top of the engines' whole share of each GPU: the start-up peak `agentgym-mega plan` found.
-    cfg = load_config(None, [f"model.path={tiny_qwen2}", "model.dtype=float32", "algorithm.kl_coef=0.0",
-                             "parallel.world_size=1", "parallel.tp=1", "parallel.sequence_parallel=false",
-                             "rollout.max_model_len=512", "rollout.max_tokens_per_turn=64", "cluster.offload=true"])
+    cfg = load_config(None, [f"model.path={tiny_qwen2}", "model.dtype=float32", "algorithm.kl_coef=0.001",
+                             "algorithm.estimator=gae", "parallel.world_size=1", "parallel.tp=1",
+                             "parallel.sequence_parallel=false", "rollout.max_model_len=512",
+                             "rollout.max_tokens_per_turn=64", "cluster.offload=true"])
     with Stack.start(cfg, env=False) as stack:
-        assert stack.actor is not None and stack.ref is None
         assert all(ray.get(e.health.remote())["sleeping"] for e in stack.engines)
+        # every role's model lives in the one trainer process of the rank
+        assert len(stack.actor.ranks) == 1 and stack.actor.ranks == stack.ref.ranks == stack.critic.ranks
+        # ... as models of their own: released and restored role by role, the reference scores
+        # as the starting actor does, and the critic answers with its value head
+        stack.trainers_release()
+        stack.trainers_restore()
+        ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+        actor, ref = stack.actor.logprobs(ids, 1.0), stack.ref.logprobs(ids, 1.0)
+        assert torch.equal(actor, ref) and actor[:, 1:].abs().min() > 0
+        assert stack.critic.values(ids).shape == ids.shape
 
 
 def test_a_recipe_naming_another_model_than_its_checkpoint_is_refused_before_anything_starts(tiny_qwen2):
