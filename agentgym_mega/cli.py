@@ -761,9 +761,12 @@ def _run_bench_train(args) -> dict:
 
     model = dataclasses.replace(spec.model, **given("layers", "hidden", "heads", "kv_heads", "vocab", "ffn"))
     _validate_spec(model)
-    if model.kv_heads % 2:
-        raise BadInput(f"--kv-heads {model.kv_heads}: the TP=2 side gives each rank whole query groups, "
-                       "so the KV heads must be even")
+    from agentgym_mega.models import gpt, mapping
+
+    try:  # the TP=2 side's split, refused here rather than in its ranks
+        gpt.check_split(model.layers, model.kv_heads, model.mlp_width, tp=2, pp=1)
+    except mapping.MappingError as exc:
+        raise BadInput(str(exc)) from None
     return bench.run(dataclasses.replace(spec, model=model, **given("batch", "seq", "rounds")))
 
 

@@ -393,7 +393,6 @@ class TrainerGroup:
         self.role = role
         self._own = ranks is None
         self.trainer_ranks = ranks or TrainerRanks(cfg, placement)
-        self.placement = self.trainer_ranks.placement
         try:
             self.trainer_ranks.call("add_role", role, hf_dir)
         except BaseException:
@@ -458,7 +457,8 @@ class PolicyGroup(TrainerGroup):
         :class:`~agentgym_mega.weight_sync.SyncStats`."""
         if self.role != "actor":
             raise ValueError("only the actor's weights go to the engines")
-        nodes = self.placement.engine_worker_nodes() if self.placement else None
+        placement = self.trainer_ranks.placement
+        nodes = placement.engine_worker_nodes() if placement else None
         return self.trainer_ranks.call("sync_weights", engines, version, nodes)
 
 

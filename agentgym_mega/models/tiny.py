@@ -42,6 +42,10 @@ class TinySpec:
     init_std: float = 0.1
     seed: int = 0
 
+    @property
+    def mlp_width(self) -> int:
+        return self.ffn or 3 * self.hidden
+
     def validate(self) -> None:
         if self.arch not in ARCHS:
             raise ValueError(f"--arch {self.arch!r}: allowed {', '.join(ARCHS)}")
@@ -104,7 +108,7 @@ def _hf_config(spec: TinySpec, tokenizer):
     common = dict(
         vocab_size=spec.vocab,
         hidden_size=spec.hidden,
-        intermediate_size=spec.ffn or 3 * spec.hidden,
+        intermediate_size=spec.mlp_width,
         num_hidden_layers=spec.layers,
         num_attention_heads=spec.heads,
         num_key_value_heads=spec.kv_heads,

@@ -50,7 +50,7 @@ def test_parser_registers_exactly_the_documented_subcommands():
     (["bench", "sync", "--size-mb", "64"], "--size-mb sizes the transport mode's model"),
     (["bench", "train", "--rounds", "0"], "not an integer >= 1"),
     (["bench", "train", "--hidden", "512", "--heads", "32"], "multiple of 32"),
-    (["bench", "train", "--kv-heads", "1"], "the KV heads must be even"),
+    (["bench", "train", "--kv-heads", "1"], "num_key_value_heads=1 is not divisible by tp=2"),
     (["pretrain-tiny", "--out", "x", "--env", "textcraft"], "invalid choice"),
     (["pretrain-tiny", "--out", "x", "--episodes", "0"], "not an integer >= 1"),
     (["pretrain-tiny", "--out", "x", "--categories", "GoToRedBall,NoSuchLevel"], "unknown ['NoSuchLevel']"),
