@@ -159,6 +159,24 @@ def _cmd_config(args) -> int:
     return 0
 
 
+def _add_config_reference(sub) -> None:
+    p = _command(
+        sub, "config-reference", func=_cmd_config_reference,
+        help="write docs/configuration.md from the config schema, or check it is current",
+        description=(
+            "Renders every config section and key (type, default, description) from\n"
+            "agentgym_mega/config.py as Markdown. --check writes nothing and exits 1 when the file differs."
+        ),
+    )
+    p.add_argument("--out", help="the page to write or check (default: docs/configuration.md of this checkout)")
+    p.add_argument("--check", action="store_true", help="exit 1 with a message when the page is stale")
+
+
+def _cmd_config_reference(args) -> int:
+    from agentgym_mega import config_reference
+
+    return config_reference.run(args.out, args.check)
+
 def _add_train(sub) -> None:
     p = _command(
         sub, "train", func=_cmd_train,
@@ -944,7 +962,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
     for add in (_add_config, _add_train, _add_eval, _add_plan, _add_scaling, _add_make_tiny_model, _add_pretrain_tiny,
-                _add_doctor, _add_env_server, _add_retriever, _add_bench):
+                _add_doctor, _add_env_server, _add_retriever, _add_bench, _add_config_reference):
         add(sub)
     return parser
 
