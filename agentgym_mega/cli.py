@@ -270,7 +270,7 @@ def _add_plan(sub) -> None:
             "placement, against --gpu-mem-gb less 5% headroom (decimal GB: an 80 GB H100 has 85.5).\n"
             "A layout that does not fit, or that megatron or vLLM refuses, exits 2 with the reason and\n"
             "up to 3 nearest layouts that fit, as overrides to paste. The model of memory is in\n"
-            "agentgym_mega/memory_plan.py and README.md (\"Planning memory\")."
+            "agentgym_mega/memory_plan.py and docs/clusters.md (\"Planning memory\")."
         ),
     )
     p.add_argument("--config", required=True, help="YAML config (e.g. configs/recipes/*.yaml)")
@@ -562,7 +562,7 @@ def _add_env_server(sub) -> None:
     p.add_argument("--option", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
                    help="an option of the environment kind, repeatable (deepsearch: "
                         f"{', '.join(DeepSearch.__dataclass_fields__)}; webarena: "
-                        f"{', '.join(k for k in WebArena.__dataclass_fields__ if k != 'sites')}; see the README)")
+                        f"{', '.join(k for k in WebArena.__dataclass_fields__ if k != 'sites')}; docs/environments.md)")
     p.add_argument("--site", action="append", default=[], type=_key_value, metavar="NAME=URL",
                    help=f"webarena: the URL of a site its tasks name, repeatable ({', '.join(SITES)}); "
                         "shopping defaults to the shipped shop, started by the server")
