@@ -159,6 +159,24 @@ def _cmd_config(args) -> int:
     return 0
 
 
+def _add_config_reference(sub) -> None:
+    p = _command(
+        sub, "config-reference", func=_cmd_config_reference,
+        help="write docs/configuration.md from the config schema, or check it is current",
+        description=(
+            "Renders every config section and key (type, default, description) from\n"
+            "agentgym_mega/config.py as Markdown. --check writes nothing and exits 1 when the file differs."
+        ),
+    )
+    p.add_argument("--out", help="the page to write or check (default: docs/configuration.md of this checkout)")
+    p.add_argument("--check", action="store_true", help="exit 1 with a message when the page is stale")
+
+
+def _cmd_config_reference(args) -> int:
+    from agentgym_mega import config_reference
+
+    return config_reference.run(args.out, args.check)
+
 def _add_train(sub) -> None:
     p = _command(
         sub, "train", func=_cmd_train,
@@ -252,7 +270,7 @@ def _add_plan(sub) -> None:
             "placement, against --gpu-mem-gb less 5% headroom (decimal GB: an 80 GB H100 has 85.5).\n"
             "A layout that does not fit, or that megatron or vLLM refuses, exits 2 with the reason and\n"
             "up to 3 nearest layouts that fit, as overrides to paste. The model of memory is in\n"
-            "agentgym_mega/memory_plan.py and README.md (\"Planning memory\")."
+            "agentgym_mega/memory_plan.py and docs/clusters.md (\"Planning memory\")."
         ),
     )
     p.add_argument("--config", required=True, help="YAML config (e.g. configs/recipes/*.yaml)")
@@ -544,7 +562,7 @@ def _add_env_server(sub) -> None:
     p.add_argument("--option", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
                    help="an option of the environment kind, repeatable (deepsearch: "
                         f"{', '.join(DeepSearch.__dataclass_fields__)}; webarena: "
-                        f"{', '.join(k for k in WebArena.__dataclass_fields__ if k != 'sites')}; see the README)")
+                        f"{', '.join(k for k in WebArena.__dataclass_fields__ if k != 'sites')}; docs/environments.md)")
     p.add_argument("--site", action="append", default=[], type=_key_value, metavar="NAME=URL",
                    help=f"webarena: the URL of a site its tasks name, repeatable ({', '.join(SITES)}); "
                         "shopping defaults to the shipped shop, started by the server")
@@ -944,7 +962,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
     for add in (_add_config, _add_train, _add_eval, _add_plan, _add_scaling, _add_make_tiny_model, _add_pretrain_tiny,
-                _add_doctor, _add_env_server, _add_retriever, _add_bench):
+                _add_doctor, _add_env_server, _add_retriever, _add_bench, _add_config_reference):
         add(sub)
     return parser
 

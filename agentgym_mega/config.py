@@ -25,7 +25,8 @@ from agentgym_mega.errors import BadInput
 from envs import KINDS
 
 # Unknown keys are errors; ints and bools are not coerced into each other (True is no tp size).
-_SCHEMA = ConfigDict(extra="forbid")
+# Field docstrings become descriptions, which `agentgym-mega config-reference` renders.
+_SCHEMA = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 section = dataclass(config=_SCHEMA)
 
 
@@ -43,12 +44,13 @@ class ModelConfig:
     """The policy: a Hugging Face directory (converted to megatron-core at start-up)."""
 
     path: StrictStr = ""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    critic_path: Optional[StrictStr] = None  # default: initialise the critic from `path`
-    # The model's published config.json facts (architectures, sizes, vocabulary, rope) for
-    # `agentgym-mega plan` where `path` is not on this machine; where path/config.json exists, plan
-    # and train refuse an architecture that disagrees with it.
+    """Hugging Face model directory of the policy."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """`auto`: bf16 on GPU, fp32 on CPU."""
+    critic_path: Optional[StrictStr] = None
+    """Where the critic starts from; null: from `path`."""
     architecture: Optional[dict] = None
+    """Published config.json facts, for `plan` where `path` is elsewhere; plan and train refuse a mismatch."""
 
 
 @section
@@ -56,11 +58,17 @@ class ParallelConfig:
     """Trainer layout. dp is derived as world_size / (tp * pp) when left null."""
 
     world_size: StrictInt = 1
+    """Trainer ranks: GPUs on clusters, processes on CPU."""
     tp: StrictInt = 1
+    """Tensor-parallel size; tp * pp must divide world_size."""
     pp: StrictInt = 1
+    """Pipeline-parallel size; tp * pp must divide world_size."""
     dp: Optional[StrictInt] = None
+    """Data-parallel size: world_size / (tp * pp), derived when null, checked when given."""
     sequence_parallel: StrictBool = False
+    """megatron's sequence parallelism: needs tp > 1 and Transformer Engine (so a GPU)."""
     recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recompute in the trainer's backward pass."""
 
     def __post_init__(self):
         for key in ("world_size", "tp", "pp"):
@@ -87,37 +95,39 @@ class RolloutConfig:
     """Generation: vLLM engines and sampling."""
 
     engine_tp: StrictInt = 1
+    """Tensor-parallel size of each engine."""
     num_engines: StrictInt = 1
+    """Engine instances."""
     n_per_task: StrictInt = 4
+    """Samples per task (the GRPO/RLOO group); at least 2 for grpo and rloo."""
     temperature: float = 1.0
+    """Sampling temperature, > 0: greedy decoding has no sampling distribution for PPO's ratio."""
     top_p: float = 1.0
-    # Each request sampled with its own seed from (trainer.seed, step, episode, turn): a resumed
-    # run samples what the uninterrupted one would have. Off: the engines' own random streams.
+    """Nucleus sampling share, in (0, 1]."""
     seeded: StrictBool = True
-    # The engines' dtype; null = model.dtype (filled in on load), so the policy that samples is the
-    # one the trainer trains.
+    """Seeds each request from (trainer.seed, step, episode, turn), so a resume samples as before."""
     dtype: Optional[Literal["auto", "float32", "bfloat16"]] = None
+    """The engines' dtype; null: model.dtype (filled in on load), so the policy that samples is trained."""
     max_tokens_per_turn: StrictInt = 512
+    """New tokens per assistant turn."""
     max_model_len: StrictInt = 8192
+    """An episode's context limit; a longer episode ends as `truncated`."""
     gpu_memory_utilization: float = 0.6
-    # async: each episode generates and steps on its own, engines batching whatever is in flight;
-    # lockstep: every turn one batched generate for all running episodes, then one batched env
-    # step. Same seeds, same trajectories; async does not wait for the slowest of each turn.
+    """vLLM's share of GPU memory."""
     mode: Literal["lockstep", "async"] = "async"
-    # An episode past this many seconds from its first turn, or whose env step gets no answer
-    # within env_step_timeout_s, ends with status `timeout` (counted, not trained on); null: none.
+    """async: each episode generates and steps on its own, engines batching whatever is in flight;
+    lockstep: every turn one batched generate, then one batched env step. Same seeds, same tokens."""
     episode_timeout_s: Optional[float] = None
+    """Seconds from an episode's first turn after which it ends as `timeout` (not trained on); null: none."""
     env_step_timeout_s: Optional[float] = None
-    # async: env steps ready within this many ms of each other go to their server as one /batch
-    # (the episodes one engine step finished), answered when its slowest step is; 0 sends each
-    # step alone. Grouping pays only where steps cost next to nothing and cores are few.
+    """Seconds an env step's answer is waited for before its episode ends as `timeout`; null: none."""
     env_group_window_ms: float = 0.0
-    # DAPO's dynamic sampling: groups whose samples all scored the same carry no signal for
-    # GRPO/RLOO; keep drawing tasks until the batch holds trainer.batch_size groups with spread,
-    # drawing at most dynamic_sampling_max_draws * trainer.batch_size groups per step (then the
-    # batch is filled with flat groups, and the step's metrics say how many).
+    """async: env steps ready within this many ms of each other go to their server as one /batch,
+    answered when its slowest step is; 0 sends each alone. Pays only for cheap steps on few cores."""
     dynamic_sampling: StrictBool = False
+    """DAPO's filter: draw tasks until trainer.batch_size groups have differing scores (else fill)."""
     dynamic_sampling_max_draws: float = 3.0
+    """Dynamic sampling draws at most this many times trainer.batch_size groups per step."""
 
     def __post_init__(self):
         for key in ("engine_tp", "num_engines", "n_per_task", "max_tokens_per_turn"):
@@ -152,17 +162,22 @@ class EnvConfig:
     """Environment servers: given URLs, or `num_servers` servers started by the trainer."""
 
     name: Literal[KINDS] = "babyai"
+    """The environment kind."""
     server_urls: list[StrictStr] = _default(list)
+    """Running env servers to use; empty: the trainer starts `num_servers` of its own."""
     num_servers: StrictInt = 1
+    """Env servers the trainer starts when server_urls is empty (old name: env.workers)."""
     split: Literal["train", "test"] = "train"
-    task_ids: Optional[list[StrictInt]] = None  # default: every task of the split
-    categories: Optional[list[StrictStr]] = None  # default: every category (level, depth, task type)
-    # Opens every episode's first user turn; null = the environment's own (envs/<name>/instruction.txt),
-    # "" = none (a model trained without one, like the CPU demo's tiny base policy).
+    """The task split trained on."""
+    task_ids: Optional[list[StrictInt]] = None
+    """Explicit task ids (>= 0); null: every task of the split."""
+    categories: Optional[list[StrictStr]] = None
+    """Only these categories (BabyAI levels, TextCraft depth-N, SciWorld tasks, Deep Search sources)."""
     instruction: Optional[StrictStr] = None
-    # The environment kind's own settings (Deep Search: data_dir, retriever_url, index_dir, corpus,
-    # mode, topk, ...; see envs/<name>/options.py), for the servers the trainer starts.
+    """Opens every episode; null: the environment's own (envs/<name>/instruction.txt); "": none."""
     options: dict[StrictStr, Any] = _default(dict)
+    """The kind's own settings for the servers the trainer starts (envs/<name>/options.py; Deep Search's
+    retriever, WebArena's sites), checked on load; overrides reach in (env.options.topk=5)."""
 
     def __post_init__(self):
         try:
@@ -186,20 +201,30 @@ class AlgorithmConfig:
     """Advantage estimator and loss terms."""
 
     estimator: Literal["gae", "grpo", "reinforce_pp", "rloo"] = "grpo"
+    """The advantage estimator; gae is PPO with a critic."""
     gamma: float = 1.0
+    """Discount, in [0, 1]."""
     lam: float = 1.0
+    """GAE's lambda, in [0, 1]."""
     clip: float = 0.2
+    """PPO's ratio clip."""
     dual_clip: Optional[float] = None
+    """Dual-clip constant (> 1) for negative advantages; null: off."""
     kl_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    """The KL estimator against the reference policy."""
     kl_coef: float = 0.001
+    """KL coefficient; the reference policy runs only when it is > 0."""
     kl_in: Literal["loss", "reward"] = "loss"
+    """KL as a loss term, or subtracted in the reward per token (gae and reinforce_pp only)."""
     entropy_coef: float = 0.001
+    """Entropy bonus."""
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """How token losses aggregate over a batch; seq-mean-token-mean weighs every episode the same."""
     value_clip: float = 0.2
-    # Truncated importance sampling (verl's rollout correction): each token's policy-gradient term
-    # weighted by min(p_trainer / p_engine, tis_cap), the trainer's log-probs recomputed at the
-    # step's start. Corrects engine/trainer mismatch and, one step off-policy, staleness. null: off.
+    """The critic's value clip."""
     tis_cap: Optional[float] = None
+    """Truncated importance sampling (>= 1): each token's policy-gradient term weighted by
+    min(p_trainer / p_engine, tis_cap), for engine/trainer mismatch and staleness. null: off."""
 
     def __post_init__(self):
         for key in ("gamma", "lam"):
@@ -218,8 +243,11 @@ class HorizonConfig:
     """Turn cap per episode: `fixed` (one cap) or `scaling_inter` (caps grow every `interval` steps)."""
 
     schedule: Literal["fixed", "scaling_inter"] = "fixed"
+    """fixed: one cap; scaling_inter: the caps in turn, a stage every `interval` steps."""
     caps: list[StrictInt] = _default(lambda: [20])
+    """Turn caps; strictly increasing for scaling_inter."""
     interval: StrictInt = 100
+    """Steps per stage: caps [6, 13, 20] at interval 100 cap steps 1-100 at 6 turns, then 13, then 20."""
 
     def __post_init__(self):
         _require(bool(self.caps) and min(self.caps) >= 1, "horizon.caps", self.caps,
@@ -239,28 +267,39 @@ class TrainerConfig:
     """The loop: steps, optimiser, batch sizes (in tasks), checkpointing."""
 
     total_steps: StrictInt = 100
+    """Training steps."""
     lr: float = 1e-6
+    """Learning rate."""
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """The learning-rate schedule (megatron's OptimizerParamScheduler)."""
     warmup_steps: StrictInt = 0
+    """Linear warm-up steps."""
     min_lr: float = 0.0
+    """The schedule's floor, in [0, lr]."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     grad_clip: float = 1.0
+    """Gradient-norm clip."""
     batch_size: StrictInt = 32
+    """Tasks per step."""
     mini_batch_size: StrictInt = 8
+    """Tasks per optimiser step; divides batch_size, and times rollout.n_per_task splits over parallel.dp."""
     ppo_epochs: StrictInt = 1
-    # How each rank cuts its share of a batch for the forward/backward passes (log-probs, values,
-    # updates): `micro_batch_size` sequences at a time (null: all at once), or, when
-    # `max_tokens_per_gpu` is set, bins of like-length whole sequences within that many (padded)
-    # tokens. One micro-batch's activations and logits are what a GPU holds at a time.
+    """Passes over each batch."""
     micro_batch_size: Optional[StrictInt] = None
+    """Sequences per micro-batch of a rank's forward/backward passes (log-probs, values, updates);
+    null: the rank's whole slice at once. A GPU holds one micro-batch's activations at a time."""
     max_tokens_per_gpu: Optional[StrictInt] = None
-    save_freq: StrictInt = 0  # steps between checkpoints; 0 = only at the end
+    """Instead of micro_batch_size: bins of like-length whole sequences within this many padded tokens."""
+    save_freq: StrictInt = 0
+    """Steps between checkpoints; 0: only at the end."""
     output_dir: StrictStr = "runs/default"
+    """Checkpoints, metrics.jsonl, TensorBoard and the reward curve."""
     seed: StrictInt = 0
-    # 1: the engines generate step k+1's rollout (on the weights they hold, version k-1) while the
-    # trainer updates step k, and the loss takes the engines' log-probs as the behaviour policy.
-    # Needs cluster.placement=split (the engines keep generating while the trainer works).
+    """The global seed."""
     off_policy_steps: StrictInt = 0
+    """1: step k+1's rollout runs on the engines (weights k-1) while the trainer updates step k, the
+    engines' log-probs the behaviour policy. Needs cluster.placement=split and offload off."""
 
     def __post_init__(self):
         for key in ("total_steps", "batch_size", "mini_batch_size", "ppo_epochs"):
@@ -288,12 +327,18 @@ class EvalConfig:
     """Held-out evaluation inside a training run, on the run's engines and env servers: n samples
     per task of `split` (kept to env.categories), reported as Avg@n, Pass@n and success rate."""
 
-    freq: StrictInt = 0  # steps between evaluations (and after the last step); 0 = never
-    at_start: StrictBool = False  # also evaluate the starting policy, as step 0
+    freq: StrictInt = 0
+    """Steps between evaluations (and one after the last step); 0: never."""
+    at_start: StrictBool = False
+    """Also evaluate the starting policy, as step 0."""
     n: StrictInt = 1
+    """Samples per task (Avg@n, Pass@n); also `agentgym-mega eval`'s default --n."""
     split: Literal["train", "test"] = "test"
-    max_turns: Optional[StrictInt] = None  # default: the env's evaluation turn cap
-    limit: Optional[StrictInt] = None  # only the first N tasks
+    """The split evaluated."""
+    max_turns: Optional[StrictInt] = None
+    """The evaluation's turn limit; null: the environment's (envs.eval_max_turns)."""
+    limit: Optional[StrictInt] = None
+    """Only the first N tasks; null: all."""
 
     def __post_init__(self):
         _require(self.freq >= 0, "eval.freq", self.freq, "an integer >= 0")
@@ -305,37 +350,34 @@ class EvalConfig:
 
 @section
 class ClusterConfig:
-    """Where Ray places the actors: `colocated` runs the engines on the trainer's GPUs (they sleep
+    """Where Ray places the processes: `colocated` runs the engines on the trainer's GPUs (they sleep
     while it trains), `split` gives them GPUs of their own; env servers always get CPU bundles."""
 
     placement: Literal["colocated", "split"] = "colocated"
-    # Trainer memory while the engines generate: true releases the actor's, reference's and
-    # critic's device memory (parameters, gradients, optimizer state; kept on the host) for the
-    # rollout and takes it back for training; `auto` = true when colocated on GPUs.
+    """colocated needs rollout.num_engines * rollout.engine_tp <= parallel.world_size."""
     offload: Union[Literal["auto"], StrictBool] = "auto"
-    # A custom Ray resource that env server bundles require, so they land only on the nodes that
-    # offer it: slurm/train_scalinginter.sh starts its CPU nodes (ENV_NODES, or a hetjob's second
-    # component) with `env_node` and sets this. null: any node with a free CPU.
+    """true: trainer roles hand device memory to the host while engines generate; auto: on colocated GPUs."""
     env_resource: Optional[StrictStr] = None
+    """A custom Ray resource env server bundles require, so they land only on nodes offering it (the
+    Slurm launch gives its CPU nodes `env_node` and sets this). null: any node with a free CPU."""
 
 
 @section
 class WeightSyncConfig:
-    """How the actor's weights reach the engines after each step. `auto`: `cuda_ipc` when the
-    engines share the trainer's node and it has GPUs, `ipc` when they share its node on CPU,
-    `collective` when any engine worker runs on another node. `cuda_ipc`: each engine worker maps
-    bucket slots of the trainer rank on its own GPU (weight_sync.cuda_ipc); `collective`: a
-    process group per pipeline stage joining its sending rank and every engine worker (NCCL on
-    GPUs, gloo on CPU), so the bytes a sender sends do not grow with the engines; `ipc` / `tcp`:
-    every engine worker pulls the whole model from trainer rank 0 over ZMQ."""
+    """How the actor's weights reach the engines after each step. `auto`: `cuda_ipc` on the trainer's
+    GPU node (each engine worker maps buckets of the rank on its own GPU), `ipc` on one CPU node, else
+    `collective` (a process group per pipeline stage, NCCL or gloo: a sender's bytes do not grow with
+    the engines); `ipc` / `tcp`: every engine worker pulls the whole model from rank 0 over ZMQ."""
 
     transport: Literal["auto", "ipc", "tcp", "cuda_ipc", "collective"] = "auto"
-    bucket_mb: StrictInt = 256  # one ZMQ message; a collective member's two buffers, a CUDA IPC ring's 3 slots
-    timeout_s: float = 600.0  # a stream that stalls this long ends the sync; old weights keep serving
-    # An engine still without the new weights after one retry (or dead): `drop` takes it out of
-    # rotation and the rollout goes on with the rest (logged as sync/engines_dropped); `stop` ends
-    # the run with an error naming it. Either way no engine serves stale weights.
+    """How weights travel (see the section); a node-local transport with remote engines is refused."""
+    bucket_mb: StrictInt = 256
+    """One bucket of weights: one ZMQ message; a collective member's two buffers, a CUDA IPC ring's 3 slots."""
+    timeout_s: float = 600.0
+    """A stream that stalls this long ends the sync; old weights keep serving."""
     on_engine_failure: Literal["drop", "stop"] = "drop"
+    """An engine still without the new weights after one retry, or dead: `drop` takes it out of
+    rotation (sync/engines_dropped), `stop` ends the run naming it. No engine serves stale weights."""
 
     def __post_init__(self):
         _require(self.bucket_mb >= 1, "weight_sync.bucket_mb", self.bucket_mb, "an integer >= 1")
@@ -347,13 +389,16 @@ class LoggingConfig:
     """Where metrics go: TensorBoard and JSONL under trainer.output_dir, and the console."""
 
     tensorboard: StrictBool = True
+    """TensorBoard event files under trainer.output_dir."""
     jsonl: StrictBool = True
+    """metrics.jsonl under trainer.output_dir."""
     progress_bar: StrictBool = True
+    """A console progress bar."""
     experiment: StrictStr = "agentgym-mega"
-    # The engines', trainer ranks' and env servers' output printed by this process: `auto` = when
-    # joining a running cluster (RAY_ADDRESS, as the Slurm launch does), where it would otherwise
-    # stay in each node's Ray session directory; a local run keeps it there (its own Ray logs).
+    """The run's name in logs."""
     worker_output: Union[Literal["auto"], StrictBool] = "auto"
+    """Print the engines', trainer ranks' and env servers' output here (Ray's log_to_driver); `auto`:
+    when joining a running cluster (RAY_ADDRESS), not for a local run (Ray's session logs)."""
 
 
 @section

@@ -125,7 +125,7 @@ class Stack:
             self.rollout = RolloutManager.from_config(self.cfg, self.engines, self.env, self.tokenizer)
 
     def _start_trainer_roles(self) -> None:
-        """One process per trainer rank hosts every role (design.md's topology): the reference
+        """One process per trainer rank hosts every role (docs/design.md, topology): the reference
         policy and the critic are models of their own in the actor's processes."""
         cfg = self.cfg
         run_roles = roles(cfg)

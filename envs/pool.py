@@ -101,7 +101,7 @@ class InstancePool:
         self.max_batch_ops = max_batch_ops
         self.max_action_chars = max_action_chars
         self._instances: dict[int, _Instance] = {}
-        self._reserved = 0  # slots taken by creations still starting (a JVM takes ~1 s)
+        self._reserved = 0  # slots taken by creations still starting (a JVM is slow to start)
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._batch = ThreadPoolExecutor(kind.batch_threads) if kind.batch_threads > 1 else None

@@ -4,12 +4,12 @@ against Hugging Face transformers, same model and batch, at TP=1 and TP=2 on thi
 Both sides compute the mean next-token negative log-likelihood of the batch and backpropagate it
 (no optimizer step). Every process runs one torch thread: transformers and megatron TP=1 use one
 core, TP=2 two ranks of one core each. (On a shared 2-core machine, two threads per process
-measured up to 10x slower from oversubscription, which would compare schedulers, not code.)
+oversubscribe the cores and slow down many times over, which would compare schedulers, not code.)
 
 Each side runs in a fresh process, in alternating rounds (transformers, TP=1, TP=2, then again),
 and a side's figure comes from the median of its timed steps over all rounds. One round of 10
-mean-timed steps read 0.91-0.99 at TP=1 on the same code: a 2-3 s window on a shared machine
-drifts by more than the differences being measured. The ratio of each round is reported too.
+mean-timed steps is a window of seconds, and on a shared machine its reading drifts by more than
+the differences being measured (docs/results.md). The ratio of each round is reported too.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from agentgym_mega.models.tiny import TinySpec, make_tiny_model
 class BenchSpec:
     batch: int = 4
     seq: int = 256
-    # Steps of ~0.25-0.4 s: megatron's first steps still allocate (2 warm-up steps read 3-6% lower
-    # than 5).
+    # megatron's first steps still allocate, so 2 warm-up steps read lower than 5
+    # (docs/results.md).
     warmup: int = 5
     iters: int = 10
     rounds: int = 3

@@ -39,7 +39,7 @@ def _centred(logits, targets, vocab: int, temperature: float, group):
         x = x / temperature
     if start + shard > vocab:
         x = x.masked_fill(torch.arange(start, start + shard, device=x.device) >= vocab, _PADDED_LOGIT)
-    top = x.amax(dim=-1, keepdim=True)  # not max(): finding the indices too is 10x slower on CPU
+    top = x.amax(dim=-1, keepdim=True)  # not max(): finding the indices too is far slower on CPU
     if group is not None:
         torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=group)
     centred = x - top if x is logits else x.sub_(top)

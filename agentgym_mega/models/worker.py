@@ -38,7 +38,7 @@ def data_parallel() -> type:
     group of one rank (defined on first use: megatron is imported only when a model is built).
     There the reduction is an identity (per-token losses keep every gradient scaling factor at
     1, and the grads are reduced synchronously), yet gloo still runs it as a clone of the whole
-    gradient buffer and a copy back (about 10 ms of bench train's 400 ms step in the profiler)."""
+    gradient buffer and a copy back, a cost every step pays for nothing (docs/results.md)."""
     from megatron.core.distributed import DistributedDataParallel
 
     class DataParallel(DistributedDataParallel):

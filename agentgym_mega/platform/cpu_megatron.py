@@ -215,7 +215,7 @@ class RotaryEmbedding(torch.autograd.Function):
     interleaved), computing what megatron's unfused ``_apply_rotary_pos_emb_bshd`` does in four
     half-width passes each way. Unfused, megatron slices, negates and concatenates q and k in the
     forward pass and concatenates their gradients again in the backward pass. With
-    :class:`SwiGLU`, this takes 2% off a CPU training step (docs/results.md)."""
+    :class:`SwiGLU`, this shortens a CPU training step (docs/results.md)."""
 
     @staticmethod
     def forward(ctx, t, freqs):

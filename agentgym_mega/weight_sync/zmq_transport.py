@@ -39,10 +39,9 @@ connect. The handshake authenticates the ends of a connection; it does not encry
 weight bytes themselves (someone who can sniff or rewrite packets on the network between the
 nodes sees and could alter them: keep trainer and engines on a private network).
 
-Why HMAC and not ZMQ CURVE (which would also encrypt): measured here (2 cores, 400 MB in 64 MiB
-frames between two processes), CURVE moved 0.08-0.13 GB/s against 1.2-1.6 GB/s without it, a
-10-20x slower sync; even an HMAC over the payload runs at about 0.9 GB/s on one core, which
-would about halve the sync rate. The handshake costs one round trip per sync and nothing per byte.
+Why HMAC and not ZMQ CURVE (which would also encrypt): CURVE's encryption made a sync an order of
+magnitude slower, and even an HMAC over the payload runs slower on one core than the stream it
+would guard (docs/results.md). The handshake costs one round trip per sync and nothing per byte.
 
 CUDA IPC (GPU, engines colocated with the trainer on the same devices; see cuda_ipc for the
 pairing): with ``cuda_ipc=True`` and tensors on a GPU, no bytes travel. The sender copies each

@@ -1,7 +1,7 @@
 """BabyAI (minigrid grid worlds in text): 40 levels, level = idx % 40 + 1, seed = idx // 40.
 
-One instance holds one minigrid level: about 29 KiB each, measured as the RSS growth of 800
-instances over all 40 levels after a reset and three steps each (counted as 64 KiB for the cap).
+One instance holds one minigrid level, measured as the RSS growth of 800 instances over all 40
+levels after a reset and three steps each (docs/results.md); counted as 64 KiB for the cap.
 """
 
 from envs.babyai.levels import LEVELS

@@ -2,9 +2,9 @@
 passage corpus through a retriever; see `env` for the episode and `options` for the settings.
 
 `configure(options)` loads the questions and opens the retriever once per server; every instance
-shares both and holds only its question and last observation: about 3 KiB each (mostly the
-passages of its last search), measured as the RSS growth of 4,000 instances after a reset and a
-search each, counted as 16 KiB for the cap. A batch's steps run on 64 threads, whose searches the
+shares both and holds only its question and last observation (mostly the passages of its last
+search): well under the 16 KiB the cap counts, by the RSS growth of 4,000 instances after a reset
+and a search each (docs/results.md). A batch's steps run on 64 threads, whose searches the
 retriever joins into one call per wave (`retriever.CoalescingRetriever`). Light on import: the
 trainer reads `options` through this package without loading either.
 

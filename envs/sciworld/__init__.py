@@ -1,8 +1,8 @@
 """SciWorld (ScienceWorld): a flat list of (task, variation); one JVM per instance.
 
-One instance is one JVM with a 256 MiB heap (see `env.JVM_OPTIONS`): 110-140 MB RSS fresh, 330-356
-MB after playing the gold paths of every task type, measured with psutil on the JVM process; the
-cap counts 384 MiB (the JVM's peak plus the gateway's threads in the server).
+One instance is one JVM with a 256 MiB heap (see `env.JVM_OPTIONS`); the cap counts 384 MiB: the
+JVM's peak RSS after playing the gold paths of every task type (docs/results.md), plus the
+gateway's threads in the server.
 """
 
 from envs.environment import Kind, Task

@@ -22,9 +22,9 @@ from envs.sciworld.tasks import catalogue
 STEP_LIMIT = 10_000
 JVM_EXIT_WAIT_S = 5.0
 UNKNOWN_ACTION = "No known action matches that input."
-# The JVM otherwise sizes its heap from the machine (a quarter of RAM): measured here, one grew to
-# 1.2 GB RSS over a dozen episodes. With 256 MiB of heap it peaked at 356 MB running the gold
-# paths of every task type (4 variations each); 128 and 192 MiB ran out of heap on some tasks.
+# The JVM otherwise sizes its heap from the machine (a quarter of RAM) and grows to several times
+# what a game needs. 256 MiB runs the gold paths of every task type (4 variations each); smaller
+# heaps ran out on some tasks (docs/results.md).
 # The serial collector keeps 7 fewer threads per JVM. The server's memory cap counts on this.
 # Options already in JAVA_TOOL_OPTIONS come after ours, so a user's -Xmx wins (another collector
 # would conflict with the serial one: the JVM refuses to start).
@@ -69,7 +69,7 @@ class SciWorldEnv:
     def _simulate(self, action: str) -> tuple[str, int, bool, bool]:
         """One move, scored as `ScienceWorldEnv.step` scores it: (observation, score, completed,
         done). That method also lists every valid action, the room and the inventory on each
-        call: 0.24 s of a 0.25 s step here, for information the protocol does not return."""
+        call, nearly all of a step's time, for information the protocol does not return."""
         sim = self._env.server
         obs = sim.step(action)
         score = int(round(100 * sim.getScore()))

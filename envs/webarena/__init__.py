@@ -6,11 +6,11 @@ the scores, `tasks` for the task configs, `options` for the settings and `site` 
 and makes the server's one browser (launched at the first episode); each instance is one browser
 context, closed on /close, on idle eviction and at each reset. An instance costs what its
 context's pages cost in Chromium: `bench env --env webarena` measures the growth of the server's
-process tree per live context with its start page open, 17 MiB PSS (137 MiB RSS summed over the
-processes, which share most pages) on the shipped shop over 16 contexts. The cap counts 128 MiB:
-the real WebArena sites' pages (Magento, GitLab) weigh several times the shop's. The browser
-itself (Chromium and Playwright's driver) is about 450 MiB PSS. A batch's steps run on 16 threads,
-which the browser's loop overlaps.
+process tree per live context with its start page open (PSS, and RSS summed over the processes,
+which share most pages; docs/results.md). The cap counts 128 MiB, well above the shipped shop's
+cost: the real WebArena sites' pages (Magento, GitLab) weigh several times the shop's. The browser
+itself (Chromium and Playwright's driver) is paid once per server. A batch's steps run on 16
+threads, which the browser's loop overlaps.
 
 AgentGym's webarena client speaks a dialect of its own, served beside ours: `/create` with no
 body answers `{"env_idx"}` (and our `id`), later requests carry `env_idx`, `/reset {"env_idx",

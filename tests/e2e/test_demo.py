@@ -1,7 +1,7 @@
 """`make demo`'s pipeline, shortened: pretrain-tiny writes a base policy that vLLM and megatron
 load (a Llama with the cross-word tokenizer), and configs/demo_cpu.yaml trains it through the
 whole stack with held-out evaluations before and after. (Whether it learns is the demo's own
-figure, reported in the README; this checks that the parts still fit together.)"""
+figure, in docs/figures.md; this checks that the parts still fit together.)"""
 
 import json
 import os

@@ -54,8 +54,8 @@ class VLLMEngine(InferenceEngine):
             # which vLLM's CPU platform allows only with this variable off. Its mp executor's
             # separate worker busy-waits on a message queue for a second after every message, half
             # a core on a 2-core machine while the trainer computes. With uniproc, make demo's
-            # log-prob passes took 13% less time and the engine started 7 s sooner, with the same
-            # seeded tokens (docs/results.md).
+            # log-prob passes and the engine's start got shorter, with the same seeded tokens
+            # (docs/results.md).
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         args = AsyncEngineArgs(
             model=model,
