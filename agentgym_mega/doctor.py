@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from functools import partial
 
 import torch
 import torch.distributed as dist
 
 from agentgym_mega import platform
+from agentgym_mega.models.tiny import TinySpec, make_tiny_model
+from agentgym_mega.platform.local_ranks import run_on_local_ranks
+
+# megatron, vLLM and transformers are imported where they are used: megatron only in the spawned
+# ranks (the process that spawns them, and the vllm check, need not pay for it), vLLM after
+# platform.vllm_environment() has set the variables it reads at import, transformers by that check.
 
 SEQ_LEN = 32
 VOCAB = 128
@@ -70,14 +77,52 @@ def train_tiny_gpt(
     """Trains a 4-layer GPTModel in the already-joined process group; every rank returns the
     loss of the global batch (averaged over DP, taken from the last pipeline stage)."""
     from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    platform.init_distributed(tp=tp, pp=pp, seed=seed)
+    model, optimizer = _gpt_and_optimizer()
+    forward_backward = get_forward_backward_func()
+    dp_rank = parallel_state.get_data_parallel_rank()
+    dp_size = parallel_state.get_data_parallel_world_size()
+    losses, grad_norms, clipped_norms = [], [], []
+    for step in range(steps):
+        model.zero_grad_buffer()
+        optimizer.zero_grad()
+        data = iter(
+            [_batch(step * microbatches + i, micro_batch, seed + dp_rank) for i in range(microbatches)]
+        )
+        outputs = forward_backward(
+            forward_step_func=_forward_step,
+            data_iterator=data,
+            model=[model],
+            num_microbatches=microbatches,
+            seq_length=SEQ_LEN,
+            micro_batch_size=micro_batch,
+            forward_only=False,
+        )
+        ok, grad_norm, _ = optimizer.step()
+        if not ok:
+            raise RuntimeError(f"megatron optimizer step {step} was skipped (non-finite gradients)")
+        losses.append(_global_loss(outputs) / dp_size)
+        grad_norms.append(float(grad_norm))
+        clipped_norms.append(float(optimizer.get_grad_norm()))
+    inner = getattr(optimizer, "chained_optimizers", [optimizer])
+    return MegatronCheck(
+        tp, pp, dp_size, losses, grad_norms, clipped_norms,
+        optimizer="+".join(type(o).__name__ for o in inner), rank=dist.get_rank(),
+    )
+
+
+def _gpt_and_optimizer():
+    """This rank's stage of the GPTModel, wrapped in megatron's DDP, and its distributed optimizer
+    with gradient clipping (bf16 on GPU, fp32 on CPU)."""
+    from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer import TransformerConfig
 
-    platform.init_distributed(tp=tp, pp=pp, seed=seed)
     dtype = torch.bfloat16 if platform.has_cuda() else torch.float32
     config = TransformerConfig(
         num_layers=4,
@@ -113,48 +158,24 @@ def train_tiny_gpt(
         ),
         [model],
     )
-    forward_backward = get_forward_backward_func()
-    dp_rank = parallel_state.get_data_parallel_rank()
-    dp_size = parallel_state.get_data_parallel_world_size()
-    losses, grad_norms, clipped_norms = [], [], []
-    for step in range(steps):
-        model.zero_grad_buffer()
-        optimizer.zero_grad()
-        data = iter(
-            [_batch(step * microbatches + i, micro_batch, seed + dp_rank) for i in range(microbatches)]
-        )
-        outputs = forward_backward(
-            forward_step_func=_forward_step,
-            data_iterator=data,
-            model=[model],
-            num_microbatches=microbatches,
-            seq_length=SEQ_LEN,
-            micro_batch_size=micro_batch,
-            forward_only=False,
-        )
-        ok, grad_norm, _ = optimizer.step()
-        if not ok:
-            raise RuntimeError(f"megatron optimizer step {step} was skipped (non-finite gradients)")
-        loss = torch.zeros(1, device=platform.device())
-        if parallel_state.is_pipeline_last_stage():
-            loss += torch.stack([o["loss"] for o in outputs]).mean()
-        # Sum over pipeline stages (only the last is non-zero), average over data parallel.
-        dist.all_reduce(loss, group=parallel_state.get_pipeline_model_parallel_group())
-        dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
-        losses.append(loss.item() / dp_size)
-        grad_norms.append(float(grad_norm))
-        clipped_norms.append(float(optimizer.get_grad_norm()))
-    inner = getattr(optimizer, "chained_optimizers", [optimizer])
-    return MegatronCheck(
-        tp, pp, dp_size, losses, grad_norms, clipped_norms,
-        optimizer="+".join(type(o).__name__ for o in inner), rank=dist.get_rank(),
-    )
+    return model, optimizer
+
+
+def _global_loss(outputs: list) -> float:
+    """The step's loss summed over pipeline stages (only the last has it) and over data parallel
+    ranks (the caller averages)."""
+    from megatron.core import parallel_state
+
+    loss = torch.zeros(1, device=platform.device())
+    if parallel_state.is_pipeline_last_stage():
+        loss += torch.stack([o["loss"] for o in outputs]).mean()
+    dist.all_reduce(loss, group=parallel_state.get_pipeline_model_parallel_group())
+    dist.all_reduce(loss, group=parallel_state.get_data_parallel_group())
+    return loss.item()
 
 
 def run_megatron_check(world: int, tp: int, pp: int, steps: int) -> list[MegatronCheck]:
     """Spawns ``world`` ranks on this machine and returns each rank's result."""
-    from agentgym_mega.platform.local_ranks import run_on_local_ranks
-
     return run_on_local_ranks(train_tiny_gpt, world, tp, pp, steps)
 
 
@@ -183,11 +204,7 @@ LOGPROB_TOLERANCE = 1e-4
 
 def vllm_report(model: str | None, max_tokens: int = 16) -> dict:
     """Greedy generation in vLLM; log-probs of the sampled tokens recomputed by transformers."""
-    import tempfile
-
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from agentgym_mega.models.tiny import TinySpec, make_tiny_model
 
     platform.vllm_environment()
     from vllm import LLM, SamplingParams

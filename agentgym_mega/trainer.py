@@ -17,6 +17,7 @@ import os
 import statistics
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
@@ -30,6 +31,9 @@ from agentgym_mega.rollout.batch import TrajectoryBatch
 from agentgym_mega.rollout.dynamic_sampling import collect_batch
 from agentgym_mega.rollout.tasks import TaskSampler, select_tasks
 from agentgym_mega.stack import Stack
+
+if TYPE_CHECKING:
+    from agentgym_mega.config import Config
 
 # The exit code of `agentgym-mega train` stopped by SIGUSR1 after a checkpoint (sysexits'
 # EX_TEMPFAIL: the same command with --resume goes on); slurm/train_scalinginter.sh requeues on it.
@@ -45,7 +49,7 @@ class Stopped(Exception):
         self.step = step
 
 
-def _update(stack: Stack, batch, cfg) -> dict:
+def _update(stack: Stack, batch, cfg: Config) -> dict:
     """PPO epochs over mini-batches of whole task groups; one optimizer step per mini-batch.
     Metrics are means over the step's updates; with several epochs, each loss also as its mean
     over the first and over the last pass (`*/loss_first_epoch`, `*/loss_last_epoch`: the same
@@ -75,7 +79,7 @@ def _update(stack: Stack, batch, cfg) -> dict:
     return means
 
 
-def _save(stack: Stack, cfg, step: int, sampler: TaskSampler, ahead: tuple | None) -> None:
+def _save(stack: Stack, cfg: Config, step: int, sampler: TaskSampler, ahead: tuple | None) -> None:
     """The trainer roles' checkpoints of `step`; first, with one-step off-policy, the rollout
     collected `ahead` for the next step (`rollout/iter_N/batch.pt`), so every actor checkpoint
     has it."""
@@ -95,11 +99,11 @@ def _save(stack: Stack, cfg, step: int, sampler: TaskSampler, ahead: tuple | Non
     stack.trainers_release()
 
 
-def _checkpoint_root(cfg) -> str:
+def _checkpoint_root(cfg: Config) -> str:
     return os.path.join(cfg.trainer.output_dir, "checkpoints")
 
 
-def resume_from(cfg, mode: str | None) -> bool:
+def resume_from(cfg: Config, mode: str | None) -> bool:
     """Whether a run continues from a checkpoint: `latest` requires one in trainer.output_dir,
     `auto` takes it when there is one (a first start and a requeued job run the same command)."""
     if mode is None:
@@ -113,7 +117,7 @@ def resume_from(cfg, mode: str | None) -> bool:
     return found
 
 
-def _resume(stack: Stack, cfg) -> tuple[int, int, tuple | None]:
+def _resume(stack: Stack, cfg: Config) -> tuple[int, int, tuple | None]:
     """Loads the latest checkpoint; returns (next step, sampler position, the rollout collected
     ahead for the next step when the run is one step off-policy and the checkpoint has one)."""
     root = _checkpoint_root(cfg)
@@ -128,7 +132,7 @@ def _resume(stack: Stack, cfg) -> tuple[int, int, tuple | None]:
     return step + 1, state["sampler_position"], (TrajectoryBatch.from_state(saved["batch"]), saved["metrics"])
 
 
-def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -> dict:
+def train(cfg: Config, resume: str | None = None, stop: threading.Event | None = None) -> dict:
     """Runs cfg.trainer.total_steps steps (from the latest checkpoint with `resume`, see
     resume_from); returns the last step's metrics. `stop` set (the CLI sets it on SIGUSR1) ends
     the run after the current step and a checkpoint, raising Stopped."""
@@ -154,7 +158,6 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
         metrics: dict = {}
         bar = tqdm(range(start, cfg.trainer.total_steps + 1), initial=start - 1, total=cfg.trainer.total_steps,
                    disable=not cfg.logging.progress_bar, desc="train")
-        temperature = cfg.rollout.temperature
         background = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead")
         for step in bar:
             timer = Timer()
@@ -168,26 +171,14 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
             else:
                 stack.engines_sleep()
             stack.trainers_restore()
-            with timer("logprob"):
-                batch.old_logprobs = _old_logprobs(stack, batch, cfg)
-                if stack.ref is not None:
-                    batch.ref_logprobs = stack.ref.logprobs(batch.input_ids, temperature, batch.attention_mask,
-                                                            batch.loss_mask)
-            if stack.critic is not None:
-                with timer("values"):
-                    batch.values = stack.critic.values(batch.input_ids, batch.attention_mask)
+            _logprobs_and_values(stack, batch, cfg, timer)
             algorithms.compute_advantages(batch, cfg.algorithm)
             train_metrics = _truncate_importance(batch, cfg.algorithm.tis_cap)
             with timer("train"):
                 train_metrics |= _update(stack, batch, cfg)
             with timer("rollout_wait"):  # off-policy: what the next rollout took beyond this step's work
                 ahead = next_rollout.result() if next_rollout else None
-            stack.trainers_release(actor_params=False)
-            stack.engines_wake(("weights",))
-            with timer("sync"):
-                synced = stack.sync_engines(step)
-            stack.trainers_release()
-            stack.engines_wake(("kv_cache",))
+            synced = _sync_weights(stack, step, timer)
             tokens = int(batch.attention_mask.sum())
             metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | rollout_metrics
                        | sync_metrics(synced) | {"sync/engines_dropped": stack.dropped_engines}
@@ -197,10 +188,7 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
             if evaluate and cfg.eval.freq and (step % cfg.eval.freq == 0 or step == cfg.trainer.total_steps):
                 metrics |= _evaluated(evaluate, step)
             logger.log(step, metrics)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", turn_cap=turn_cap)
-            tqdm.write(f"step {step}: reward {metrics['reward/mean']:.3f} success "
-                       f"{metrics['reward/success_rate']:.2f} turns {metrics['episode/turns_mean']:.1f} "
-                       f"turn cap {turn_cap}")
+            _show(bar, step, metrics, turn_cap)
             last = step == cfg.trainer.total_steps
             if last or stop.is_set() or (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0):
                 _save(stack, cfg, step, sampler, ahead)
@@ -211,17 +199,53 @@ def train(cfg, resume: str | None = None, stop: threading.Event | None = None) -
                 break
         background.shutdown()
         logger.close()
-        if evaluate and len(evaluate.history) > 1:
-            tqdm.write(evaluate.summary())
-        if cfg.logging.jsonl:
-            title = f"{cfg.logging.experiment}: {cfg.env.name} {', '.join(cfg.env.categories or [])}"
-            tqdm.write(f"reward curve: {plot_rewards(cfg.trainer.output_dir, title)}")
+        _summarize(evaluate, cfg)
     if stopped is not None:
         raise Stopped(stopped)
     return metrics
 
 
-def _evaluator(stack: Stack, cfg) -> Evaluator | None:
+def _logprobs_and_values(stack: Stack, batch: TrajectoryBatch, cfg: Config, timer: Timer) -> None:
+    """The batch's old and reference log-probs and the critic's values, each role present."""
+    with timer("logprob"):
+        batch.old_logprobs = _old_logprobs(stack, batch, cfg)
+        if stack.ref is not None:
+            batch.ref_logprobs = stack.ref.logprobs(batch.input_ids, cfg.rollout.temperature, batch.attention_mask,
+                                                    batch.loss_mask)
+    if stack.critic is not None:
+        with timer("values"):
+            batch.values = stack.critic.values(batch.input_ids, batch.attention_mask)
+
+
+def _sync_weights(stack: Stack, step: int, timer: Timer):
+    """The trained weights into the engines, the trainer making room for the engines' weights and
+    then for their KV cache; returns what Stack.sync_engines does."""
+    stack.trainers_release(actor_params=False)
+    stack.engines_wake(("weights",))
+    with timer("sync"):
+        synced = stack.sync_engines(step)
+    stack.trainers_release()
+    stack.engines_wake(("kv_cache",))
+    return synced
+
+
+def _show(bar: tqdm, step: int, metrics: dict, turn_cap: int) -> None:
+    bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", turn_cap=turn_cap)
+    tqdm.write(f"step {step}: reward {metrics['reward/mean']:.3f} success "
+               f"{metrics['reward/success_rate']:.2f} turns {metrics['episode/turns_mean']:.1f} "
+               f"turn cap {turn_cap}")
+
+
+def _summarize(evaluate: Evaluator | None, cfg: Config) -> None:
+    """The end of a run: the evaluations side by side and the reward curve."""
+    if evaluate and len(evaluate.history) > 1:
+        tqdm.write(evaluate.summary())
+    if cfg.logging.jsonl:
+        title = f"{cfg.logging.experiment}: {cfg.env.name} {', '.join(cfg.env.categories or [])}"
+        tqdm.write(f"reward curve: {plot_rewards(cfg.trainer.output_dir, title)}")
+
+
+def _evaluator(stack: Stack, cfg: Config) -> Evaluator | None:
     if not (cfg.eval.freq or cfg.eval.at_start):
         return None
     tasks = select_tasks(stack.catalogue, cfg.eval.split, None, cfg.env.categories)[: cfg.eval.limit]
@@ -234,7 +258,7 @@ def _evaluated(evaluate: Evaluator, step: int) -> dict:
     return metrics
 
 
-def _ref_kl(batch, cfg) -> dict:
+def _ref_kl(batch, cfg: Config) -> dict:
     """Mean per-token KL estimate between the policy that sampled and the reference, on trained
     tokens (0 at step 1, when both are the starting weights); {} without a reference."""
     if batch.ref_logprobs is None:
@@ -243,7 +267,7 @@ def _ref_kl(batch, cfg) -> dict:
     return {"actor/ref_kl": float(algorithms.masked_mean(kl, batch.loss_mask))}
 
 
-def _old_logprobs(stack: Stack, batch, cfg) -> torch.Tensor:
+def _old_logprobs(stack: Stack, batch, cfg: Config) -> torch.Tensor:
     """The PPO ratio's denominator. One step off-policy without truncated importance weights:
     the engines' own log-probs, the behaviour policy. Otherwise the trainer's, recomputed with
     the weights it starts the step with (on-policy, those that sampled), on trained tokens only

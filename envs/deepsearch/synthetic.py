@@ -269,18 +269,41 @@ def _article(noun: str) -> str:
     return ("an " if noun[0] in "aeiou" else "a ") + noun
 
 
+@dataclasses.dataclass
+class _Maker:
+    """What every part of the world is drawn with: the one seeded rng, the name source, and the
+    world the entities land in (by name)."""
+
+    rng: random.Random
+    names: _Names
+    world: dict[str, dict] = dataclasses.field(default_factory=dict)
+
+    def add(self, kind: str, name: str, **attrs) -> dict:
+        assert name not in self.world, name
+        self.world[name] = {"kind": kind, "name": name, **attrs}
+        return self.world[name]
+
+
 def _world(rng: random.Random) -> dict[str, dict]:
-    """Every entity by name: {"kind", "name", "short"?, attributes...}; facts refer to names."""
+    """Every entity by name: {"kind", "name", "short"?, attributes...}; facts refer to names.
+    The parts are drawn in this order from the one rng: changing it changes every file."""
     template_words = {w.lower() for kind in SENTENCES.values() for _, variants in kind for v in variants
                       for w in re.findall(r"[A-Za-z]+", re.sub(r"\{\w+\}", " ", v))}
-    names = _Names(rng, template_words)
-    world: dict[str, dict] = {}
+    make = _Maker(rng, _Names(rng, template_words))
+    cities = _geography(make)
+    universities = [make.add("university", make.names.word("stem") + " University",
+                             university_city=rng.choice(cities)["name"], established_year=str(rng.randint(1400, 1900)))
+                    for _ in range(N_UNIVERSITIES)]
+    people = _people(make, cities, universities)
+    companies = _companies(make, people, cities)
+    _works(make, people, cities)
+    _events_and_prizes(make, people, companies, cities)
+    return make.world
 
-    def add(kind: str, name: str, **attrs) -> dict:
-        assert name not in world, name
-        world[name] = {"kind": kind, "name": name, **attrs}
-        return world[name]
 
+def _geography(make: _Maker) -> list[dict]:
+    """Seas, countries, their rivers and cities (the cities returned), neighbours and twins."""
+    rng, names, add = make.rng, make.names, make.add
     seas = [add("sea", names.word("sea") + " Sea") for _ in range(N_SEAS)]
     countries = [add("country", names.word("country"), currency=f"{names.word('stem')} {rng.choice(CURRENCY_UNITS)}")
                  for _ in range(N_COUNTRIES)]
@@ -310,9 +333,13 @@ def _world(rng: random.Random) -> dict[str, dict]:
         coasts = list(dict.fromkeys(r["source_country"] for r in inflows))
         assert len(inflows) >= 2 and len(coasts) >= 2, "every sea needs two rivers and two coasts for its passage"
         sea.update(inflow1=inflows[0]["name"], inflow2=inflows[1]["name"], coast1=coasts[0], coast2=coasts[1])
-    universities = [add("university", names.word("stem") + " University", university_city=rng.choice(cities)["name"],
-                        established_year=str(rng.randint(1400, 1900))) for _ in range(N_UNIVERSITIES)]
+    return cities
 
+
+def _people(make: _Maker, cities: list[dict], universities: list[dict]) -> list[dict]:
+    """Everyone, founders first, then creators, then the other occupations; and each university's
+    first two students as its named alumni."""
+    rng, names = make.rng, make.names
     given = [names.word("given") for _ in range(200)]
     jobs = ([rng.choice(FOUNDER_JOBS) for _ in range(N_COMPANIES)]
             + [CREATOR[k] for k, n in WORKS.items() for _ in range(n // 2)])
@@ -320,8 +347,8 @@ def _world(rng: random.Random) -> dict[str, dict]:
     people = []
     for job in jobs:
         surname = names.word("surname")
-        person = add("person", f"{rng.choice(given)} {surname}", short=surname, occupation=_article(job), job=job,
-                     birth_city=rng.choice(cities)["name"], birth_year=str(rng.randint(1750, 1949)))
+        person = make.add("person", f"{rng.choice(given)} {surname}", short=surname, occupation=_article(job), job=job,
+                          birth_city=rng.choice(cities)["name"], birth_year=str(rng.randint(1750, 1949)))
         if rng.random() < 0.7:
             person["studied_at"] = rng.choice(universities)["name"]
         # Dying at 60 or later comes after any founding, work or post (at most at 59); none after 2020.
@@ -330,17 +357,23 @@ def _world(rng: random.Random) -> dict[str, dict]:
             person.update(death_city=rng.choice([c for c in cities if c["name"] != person["birth_city"]])["name"],
                           death_year=str(death_year))
         people.append(person)
-    for person in people:  # the first two students of a university are its named alumni
+    for person in people:
         if person.get("studied_at"):
-            university = world[person["studied_at"]]
+            university = make.world[person["studied_at"]]
             university.setdefault("alumnus1" if "alumnus1" not in university else "alumnus2", person["name"])
+    return people
 
+
+def _companies(make: _Maker, people: list[dict], cities: list[dict]) -> list[dict]:
+    """A company per founder, some competitors, and half the other occupations' posts at one."""
+    rng = make.rng
     companies = []
     for founder in (p for p in people if p["job"] in FOUNDER_JOBS):
         year = str(int(founder["birth_year"]) + rng.randint(25, 59))
         industry = rng.choice(INDUSTRIES)
-        company = add("company", f"{names.word('stem')} {rng.choice(COMPANY_SUFFIXES)}", industry=_article(industry),
-                      headquarters=rng.choice(cities)["name"], founder=founder["name"], founding_year=year)
+        company = make.add("company", f"{make.names.word('stem')} {rng.choice(COMPANY_SUFFIXES)}",
+                           industry=_article(industry), headquarters=rng.choice(cities)["name"],
+                           founder=founder["name"], founding_year=year)
         if rng.random() < 0.5:
             company["office1"], company["office2"] = (c["name"] for c in rng.sample(
                 [c for c in cities if c["name"] != company["headquarters"]], 2))
@@ -353,17 +386,21 @@ def _world(rng: random.Random) -> dict[str, dict]:
         if person["job"] in OTHER_JOBS and rng.random() < 0.5:
             person.update(joined=rng.choice(companies)["name"],
                           joined_year=str(int(person["birth_year"]) + rng.randint(18, 50)))
+    return companies
 
+
+def _works(make: _Maker, people: list[dict], cities: list[dict]) -> None:
+    rng = make.rng
     for kind, count in WORKS.items():
         creators = [p for p in people if p["job"] == CREATOR[kind]]
         for i in range(count):
             # Every creator has a work; the rest go to creators at random, so some have 2-3.
             creator = creators[i] if i < len(creators) else rng.choice(creators)
-            words = [names.word("title") for _ in range(rng.choice([1, 1, 2]))]
+            words = [make.names.word("title") for _ in range(rng.choice([1, 1, 2]))]
             title = " ".join(words) + (" Symphony" if kind == "symphony" else "")
             year = str(int(creator["birth_year"]) + rng.randint(20, 59))
             city = rng.choice(cities)["name"]
-            work = add("work", title, kind_noun=kind, work_kind=_article(kind))
+            work = make.add("work", title, kind_noun=kind, work_kind=_article(kind))
             if kind in ("novel", "play", "poem"):
                 work.update(written_by=creator["name"], published_year=year, setting=city)
             elif kind in ("opera", "symphony"):
@@ -373,19 +410,23 @@ def _world(rng: random.Random) -> dict[str, dict]:
             if "work" not in creator:
                 creator.update(work=title, work_kind=kind)
 
+
+def _events_and_prizes(make: _Maker, people: list[dict], companies: list[dict], cities: list[dict]) -> None:
+    """Passages that only mention people, companies and cities."""
+    rng, names = make.rng, make.names
     participants = people + companies
     for _ in range(N_EVENTS):
         a, b = rng.sample(participants, 2)
-        event = add("event", f"{names.word('stem')} {rng.choice(EVENT_KINDS)}", event_city=rng.choice(cities)["name"],
-                    event_year=str(rng.randint(1800, 1990)), participant1=a["name"], participant2=b["name"])
+        event = make.add("event", f"{names.word('stem')} {rng.choice(EVENT_KINDS)}",
+                         event_city=rng.choice(cities)["name"], event_year=str(rng.randint(1800, 1990)),
+                         participant1=a["name"], participant2=b["name"])
         if rng.random() < 0.5:
             event["speaker"] = rng.choice(people)["name"]
     for _ in range(N_PRIZES):
         field = rng.choice(sorted(PRIZE_FIELDS))
         recipients = rng.sample([p for p in people if p["job"] in PRIZE_FIELDS[field]], 3)
-        add("prize", f"{names.word('stem')} Prize", field=field,
-            **{f"recipient{i}": p["name"] for i, p in enumerate(recipients, 1)})
-    return world
+        make.add("prize", f"{names.word('stem')} Prize", field=field,
+                 **{f"recipient{i}": p["name"] for i, p in enumerate(recipients, 1)})
 
 
 def _passage_text(entity: dict, rng: random.Random) -> str:
