@@ -86,7 +86,8 @@ from agentgym_mega.cluster import roles as run_roles
 from agentgym_mega.config import ConfigError, apply_overrides, to_dict, validate
 from agentgym_mega.errors import BadInput
 from agentgym_mega.models import gpt, mapping
-from agentgym_mega.weight_sync.zmq_transport import RING_SLOTS
+from agentgym_mega.weight_sync import SyncError, choose_transport
+from agentgym_mega.weight_sync.factory import device_buckets
 
 GB = 10**9
 HEADROOM = 0.05
@@ -310,9 +311,7 @@ def sync_bytes(a: Arch, tp: int, pp: int, transport: str, dtype_bytes: int, buck
     embedding = gpt.padded_vocab_size(a.vocab, tp) * a.hidden
     gather = (sum(layer_params(a, 1)) + embedding) if tp > 1 else 0
     held = a.vocab * a.hidden if tp > 1 or pp > 1 else 0  # the largest tensor, one at a time
-    # device buckets: the collective packs into two (one filling, one in flight), CUDA IPC lends a
-    # ring of them to the engines; ZMQ sends from host memory
-    buckets = {"collective": 2, "cuda_ipc": RING_SLOTS}.get(transport, 0) * bucket_bytes
+    buckets = device_buckets(transport)[0] * bucket_bytes
     return (gather + held) * dtype_bytes + buckets
 
 
@@ -323,7 +322,7 @@ def engine_sync_bytes(a: Arch, transport: str, engine_dtype_bytes: int, bucket_b
     if transport not in ("collective", "cuda_ipc"):
         return 0
     layer = max(sum(layer_params(a, 1)), a.vocab * a.hidden) * engine_dtype_bytes
-    return layer + (2 * bucket_bytes if transport == "collective" else 0)
+    return layer + device_buckets(transport)[1] * bucket_bytes
 
 
 # -- the layout and its plan -------------------------------------------------------------------
@@ -402,13 +401,15 @@ class Layout:
             f"whole slice of the batch ({share} sequences of up to {self.max_model_len} tokens); set one")
 
     def sync_transport(self) -> str:
-        """weight_sync.transport resolved as the trainer resolves auto: CUDA IPC when every engine
-        shares the first trainer node (colocated engines fill trainer GPUs from 0; split engines
-        can share it only when everything fits on one node), the collective otherwise."""
-        if self.transport != "auto":
-            return self.transport
-        span = self.engine_gpus if self.placement == "colocated" else self.gpus_needed
-        return "cuda_ipc" if span <= self.gpus_per_node else "collective"
+        """weight_sync.transport resolved by the trainer's own rule (weight_sync.choose_transport)
+        for the nodes this layout puts the engine workers on: colocated engines fill trainer GPUs
+        from 0, split engines the GPUs after the trainer's; the first trainer rank is on node 0."""
+        first = 0 if self.placement == "colocated" else self.world_size
+        nodes = sorted({f"node {gpu // self.gpus_per_node}" for gpu in range(first, first + self.engine_gpus)})
+        try:
+            return choose_transport(self.transport, "node 0", nodes, cuda=True)
+        except SyncError as exc:
+            raise LayoutError(str(exc)) from None
 
 
 def _engine(a: Arch, lay: Layout) -> dict:
