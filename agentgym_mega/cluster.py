@@ -273,7 +273,7 @@ class TrainerRank:
     def _synchronizer(self, engines: list, engine_nodes: list[str] | None) -> weight_sync.WeightSynchronizer:
         """Built at the first sync, when the engines' nodes are known (weight_sync.for_trainer_rank)."""
         if self.synchronizer is None:
-            from megatron.core import parallel_state as ps
+            from megatron.core import parallel_state as ps  # heavy: only trainer ranks need megatron
 
             sends_stage = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
             self.synchronizer = weight_sync.for_trainer_rank(

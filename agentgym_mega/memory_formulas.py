@@ -33,8 +33,8 @@ hold no more than the first, so the first and the last are planned.
   padded vocabulary, the model-dtype output plus ``LOGIT_FP32_COPIES`` (2) fp32 tensors of its
   size alive at once (:func:`agentgym_mega.models.actor.token_logprobs_and_entropy`: the log p it
   keeps and their exponentials in the forward pass, log p and the softmax it recomputes from them
-  in the backward pass; peak resident memory measured on CPU: 2.0 copies, bf16 or fp32 logits,
-  with or without a temperature).
+  in the backward pass; docs/results.md has the peak measured on CPU, bf16 or fp32 logits, with
+  or without a temperature).
   The critic's value head has no such peak.
 
 Engines (vLLM): each claims ``gpu_memory_utilization`` of every GPU it runs on. Inside that: the

@@ -14,8 +14,8 @@ the order given (the trainer lists engines by node, so a chain crosses each node
 
 Algorithms. ``broadcast``: the library's own; NCCL pipelines it along a ring, so the sender sends
 each byte once. ``chain``: a pipelined relay over send/recv, chunk by chunk, each receiver
-forwarding to the next. Used on gloo, whose broadcast is a binomial tree: measured here with
-64 MiB, the root sent 2.0x the payload to 2 receivers and 3.0x to 4.
+forwarding to the next. Used on gloo, whose broadcast is a binomial tree: its root sends the
+payload once per subtree, so its bytes grow with the receivers (`bench sync --transport`).
 
 Stream, per stage group, every message from rank 0 (a length, then that many bytes of JSON):
 

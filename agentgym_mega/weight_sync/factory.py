@@ -19,6 +19,8 @@ from agentgym_mega.weight_sync.ranks import gather_json
 from agentgym_mega.weight_sync.zmq_sender import endpoint, socket_directory
 from agentgym_mega.weight_sync.zmq_transport import ZmqReceiver, ZmqWeightSynchronizer
 
+# ray is imported where used: the planner and the vLLM workers import this module without Ray.
+
 RECEIVERS: dict[str, type[Receiver]] = {cls.kind: cls for cls in (ZmqReceiver, CollectiveJoin)}
 
 
@@ -54,14 +56,13 @@ def receiver_of(data: dict) -> Receiver:
 
 
 def _engine_nodes(engines: Sequence) -> list[str]:
-    # ray only on trainer rank 0 of a Ray run: the tools that sync without Ray pass the nodes
     import ray
 
     return [e["node_id"] for e in ray.get([e.health.remote() for e in engines])]
 
 
 def _trainer_node() -> str:
-    import ray  # see _engine_nodes
+    import ray
 
     return ray.get_runtime_context().get_node_id()
 

@@ -12,6 +12,8 @@ from agentgym_mega.weight_sync.base import Receiver, SyncError
 from agentgym_mega.weight_sync.factory import receiver_of
 from agentgym_mega.weight_sync.handles import device_uuid
 
+# vllm is imported where used: it is heavy, and tools and tests read checkpoint_shapes without it.
+
 
 def checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
     """Tensor names and shapes of a Hugging Face safetensors checkpoint (headers only)."""

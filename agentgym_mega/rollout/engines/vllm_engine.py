@@ -24,6 +24,8 @@ from agentgym_mega.network import reachable_ip
 from agentgym_mega.rollout.engines.base import Generation, InferenceEngine, SamplingConfig
 from agentgym_mega.weight_sync.base import SyncError
 
+# vllm (heavy) and ray (an engine also runs in-process, without Ray) are imported where used.
+
 LOADER = "agentgym_mega.weight_sync.vllm_loader.VLLMWeightLoader"
 CPU_STEP_TOKENS = 4096  # vLLM's own CPU default budget of tokens per engine step
 # Calls a Ray engine actor runs at once: the episodes of an asynchronous rollout each wait on
@@ -55,8 +57,8 @@ class VLLMEngine(InferenceEngine):
             # which vLLM's CPU platform allows only with this variable off. Its mp executor's
             # separate worker busy-waits on a message queue for a second after every message, half
             # a core on a 2-core machine while the trainer computes. With uniproc, make demo's
-            # log-prob passes took 13% less time and the engine started 7 s sooner, with the same
-            # seeded tokens (docs/results.md).
+            # log-prob passes ran faster and the engine started sooner, with the same seeded
+            # tokens (docs/results.md).
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         args = AsyncEngineArgs(
             model=model,
