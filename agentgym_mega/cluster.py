@@ -268,9 +268,11 @@ class TrainerRank:
         transports). Returns the transfer stats on rank 0. `engine_nodes`: the node id of every
         engine worker of the run (default: each engine's own node)."""
         synchronizer = self._synchronizer(engines, engine_nodes)
+        if synchronizer is None:  # rank 0 could not set the sync up, and raises that
+            return None
         return synchronizer.sync(self.workers["actor"].export_hf(to=synchronizer.export), engines, version)
 
-    def _synchronizer(self, engines: list, engine_nodes: list[str] | None) -> weight_sync.WeightSynchronizer:
+    def _synchronizer(self, engines: list, engine_nodes: list[str] | None) -> weight_sync.WeightSynchronizer | None:
         """Built at the first sync, when the engines' nodes are known (weight_sync.for_trainer_rank)."""
         if self.synchronizer is None:
             from megatron.core import parallel_state as ps  # heavy: only trainer ranks need megatron

@@ -68,13 +68,15 @@ def _trainer_node() -> str:
 
 
 def for_trainer_rank(options, engines: Sequence, engine_nodes: Sequence[str] | None, *, workers_per_engine: int,
-                     stage: int | None, cuda: bool) -> WeightSynchronizer:
+                     stage: int | None, cuda: bool) -> WeightSynchronizer | None:
     """This trainer rank's synchronizer; every rank calls it at once (the first sync, when the
     engines' nodes are known). Rank 0 resolves the transport (`options`: config.WeightSyncConfig)
     and draws the run's secret (it reaches the engines through Ray inside their receivers, never
     over a weight socket), then tells the other ranks. `stage`: this rank's pipeline stage if it
     sends that stage over the collective transport (its first TP rank of the first data-parallel
-    replica), else None. Raises on every rank when rank 0 could not set the sync up."""
+    replica), else None. When rank 0 cannot set the sync up it raises why, and the other ranks
+    get None: they skip this sync (rank 0 exports nothing for them to join) and try again at the
+    next one, as rank 0 does."""
     choice, error = None, None
     if dist.get_rank() == 0:
         try:
@@ -83,12 +85,12 @@ def for_trainer_rank(options, engines: Sequence, engine_nodes: Sequence[str] | N
             directory = socket_directory() if transport == "cuda_ipc" else None  # of the per-GPU sockets
             choice = (transport, new_secret(), directory)
         except Exception as exc:  # noqa: BLE001 - raised below, once the other ranks know
-            error, choice = exc, (None, f"{type(exc).__name__}: {exc}", None)
+            error, choice = exc, (None, None, None)
     transport, secret, directory = gather_json(choice)[0]  # every rank gets here, even when rank 0 failed
     if error is not None:
         raise error
     if transport is None:
-        raise SyncError(f"trainer rank 0 could not set the weight sync up: {secret}")
+        return None
     bucket_bytes, timeout_s = options.bucket_mb << 20, options.timeout_s
     if transport == "collective":
         return CollectiveWeightSynchronizer(stage, reachable_ip(), secret, bucket_bytes=bucket_bytes,
