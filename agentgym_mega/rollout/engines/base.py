@@ -9,6 +9,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 
+from agentgym_mega.weight_sync.base import Receiver
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
@@ -44,12 +46,12 @@ class InferenceEngine(abc.ABC):
         arrives before its call starts the call at once."""
 
     @abc.abstractmethod
-    def receive_weights(self, receiver) -> int:
-        """Takes a complete new version of the weights as `receiver` (a weight_sync.base.Receiver
-        the trainer's synchronizer made: which transport, where, which version, the run's secret,
-        which arrives through Ray, never over a weight socket) describes, in every worker of the
-        engine, and swaps it in all-or-nothing; returns the version now served. On failure the
-        engine serves its previous weights."""
+    def receive_weights(self, receiver: Receiver) -> int:
+        """Takes a complete new version of the weights into every worker of the engine, as
+        `receiver` describes it (made by the trainer's synchronizer: the transport, where, the
+        version and the run's secret, which arrives through Ray, never over a weight socket), and
+        swaps it in all-or-nothing; returns the version now served. On failure the engine serves
+        its previous weights."""
 
     @abc.abstractmethod
     def device_uuids(self) -> list[str | None]:

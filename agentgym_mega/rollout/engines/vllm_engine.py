@@ -22,7 +22,7 @@ import threading
 from agentgym_mega import platform
 from agentgym_mega.network import reachable_ip
 from agentgym_mega.rollout.engines.base import Generation, InferenceEngine, SamplingConfig
-from agentgym_mega.weight_sync.base import SyncError
+from agentgym_mega.weight_sync.base import Receiver, SyncError
 
 # vllm (heavy) and ray (an engine also runs in-process, without Ray) are imported where used.
 
@@ -161,7 +161,7 @@ class VLLMEngine(InferenceEngine):
         # Cancelling the call's task cancels vLLM's generate, which aborts its requests in the engine.
         call.cancel()
 
-    def receive_weights(self, receiver) -> int:
+    def receive_weights(self, receiver: Receiver) -> int:
         return self._serving(receiver.version, self.run(self.llm.collective_rpc(
             "agm_receive_weights", args=(receiver.as_dict(),))))
 
