@@ -1,7 +1,9 @@
 """Moving trainer weights into inference engines: the interface (base), one factory that
 resolves the transport and builds each trainer rank's synchronizer (factory), and the transports
 behind it (ZMQ streams from trainer rank 0, CUDA IPC per GPU, a collective per pipeline stage;
-see config.WeightSyncConfig). Code outside this package uses only what this module exports."""
+see config.WeightSyncConfig). Code outside this package imports this module, base, factory and
+loopback (`bench sync`'s raw transports) only, never a transport's own module
+(tests/unit/test_weight_sync_seam.py)."""
 
 from agentgym_mega.weight_sync.auth import new_secret
 from agentgym_mega.weight_sync.base import Receiver, SyncError, SyncStats, WeightSynchronizer
