@@ -26,8 +26,8 @@ Phases of the loop (:mod:`agentgym_mega.trainer`, :mod:`agentgym_mega.stack`), p
   every stage through two buckets on its GPU, and each engine worker receives into two buckets
   plus the whole tensors of the layer it is loading. CUDA IPC sends from every rank that has
   engine workers on its GPU, through a ring of 3 buckets there, and the worker loads a layer at a
-  time. ``auto`` resolves to CUDA IPC when every engine shares the first trainer node, to the
-  collective otherwise.
+  time. The transport is resolved by the trainer's own rule (weight_sync.choose_transport):
+  ``auto`` is CUDA IPC when every engine shares the first trainer node, the collective otherwise.
 Colocated engines run on trainer GPUs 0 .. num_engines * engine_tp - 1; split placement plans
 trainer GPUs and engine GPUs apart. A phase fits when its peak on every GPU is within the usable
 memory.
