@@ -16,9 +16,8 @@ import os
 
 import ray
 import torch
-import torch.distributed as dist
 
-from agentgym_mega import platform
+from agentgym_mega import platform, weight_sync
 from agentgym_mega.config import to_dict, validate
 from agentgym_mega.network import free_port, reachable_ip
 
@@ -210,9 +209,6 @@ class Placement:
             remove_placement_group(group)
 
 
-_ZMQ_FROM_RANK_0 = "zmq from rank 0"  # what ranks > 0 hold for a ZMQ transport: they only gather
-
-
 class TrainerRank:
     """One trainer rank (a Ray actor's body): joins torch.distributed once, then holds a model of
     each role added to it (:meth:`add_role`); every role method names the role it runs."""
@@ -267,77 +263,24 @@ class TrainerRank:
         return self.workers[role].update(batch, lambda values, mb: critic_loss(values, mb, algorithm))
 
     def sync_weights(self, engines: list, version: int, engine_nodes: list[str] | None = None):
-        """The actor's weights. Every rank takes part: in the gather of the tensors and, over the
-        collective transport, each pipeline stage's first rank sends its stage; over CUDA IPC each
-        rank feeds the engine workers on its own GPU. Returns the transfer stats on rank 0
-        (see config.WeightSyncConfig for the transports). `engine_nodes`: the node id of every
+        """The actor's weights. Every rank takes part: in the export of the tensors, in the form
+        the transport asks for, and in the sending it does (see config.WeightSyncConfig for the
+        transports). Returns the transfer stats on rank 0. `engine_nodes`: the node id of every
         engine worker of the run (default: each engine's own node)."""
-        from agentgym_mega.weight_sync.collective import CollectiveWeightSynchronizer
-        from agentgym_mega.weight_sync.cuda_ipc import CudaIpcWeightSynchronizer
-
         synchronizer = self._synchronizer(engines, engine_nodes)
-        if synchronizer is None:
+        if synchronizer is None:  # rank 0 could not set the sync up, and raises that
             return None
-        if isinstance(synchronizer, CollectiveWeightSynchronizer):
-            return synchronizer.sync(self.workers["actor"].export_hf(to="stage"), engines, version)
-        if isinstance(synchronizer, CudaIpcWeightSynchronizer):
-            return synchronizer.sync(self.workers["actor"].export_hf(to="every"), engines, version)
-        named = self.workers["actor"].export_hf()
-        try:
-            if dist.get_rank() == 0:
-                return synchronizer.sync(named, engines, version)
-        finally:
-            for _ in named:  # the gather is collective: ranks > 0, or a sync that ended early, drain it
-                pass
-        return None
+        return synchronizer.sync(self.workers["actor"].export_hf(to=synchronizer.export), engines, version)
 
-    def _synchronizer(self, engines: list, engine_nodes: list[str] | None):
-        """Built at the first sync, when the engines' nodes are known: rank 0 picks the transport
-        and a secret for the run (it reaches the engines through Ray, as an argument, never over
-        a weight socket) and tells the other ranks. None on ranks > 0 when rank 0 failed to (it
-        raises why)."""
-        if self.synchronizer is not None:
-            return self.synchronizer
-        from megatron.core import parallel_state
+    def _synchronizer(self, engines: list, engine_nodes: list[str] | None) -> weight_sync.WeightSynchronizer | None:
+        """Built at the first sync, when the engines' nodes are known (weight_sync.for_trainer_rank)."""
+        if self.synchronizer is None:
+            from megatron.core import parallel_state as ps  # heavy: only trainer ranks need megatron
 
-        from agentgym_mega.weight_sync import ZmqWeightSynchronizer, new_secret
-        from agentgym_mega.weight_sync.collective import CollectiveWeightSynchronizer
-        from agentgym_mega.weight_sync.cuda_ipc import CudaIpcWeightSynchronizer
-        from agentgym_mega.weight_sync.ranks import gather_json
-        from agentgym_mega.weight_sync.zmq_transport import choose_transport, endpoint, socket_directory
-
-        options = self.cfg.weight_sync
-        choice, error = None, None
-        if dist.get_rank() == 0:
-            try:
-                nodes = engine_nodes or [e["node_id"] for e in ray.get([e.health.remote() for e in engines])]
-                own = ray.get_runtime_context().get_node_id()
-                transport = choose_transport(options.transport, own, nodes, platform.has_cuda())
-                directory = socket_directory() if transport == "cuda_ipc" else None  # of the per-GPU sockets
-                choice = (transport, new_secret(), directory)
-            except Exception as exc:  # noqa: BLE001 - raised below, once the other ranks know
-                error, choice = exc, (None, None, None)
-        transport, secret, directory = gather_json(choice)[0]  # every rank gets here, even when rank 0 failed
-        if error is not None:
-            raise error
-        if transport is None:
-            return None  # rank 0 could not set the sync up, and raises that
-        if transport == "collective":
-            sends = (parallel_state.get_tensor_model_parallel_rank() == 0
-                     and parallel_state.get_data_parallel_rank() == 0)
-            self.synchronizer = CollectiveWeightSynchronizer(
-                parallel_state.get_pipeline_model_parallel_rank() if sends else None, reachable_ip(), secret,
-                bucket_bytes=options.bucket_mb << 20, timeout_s=options.timeout_s,
-                workers_per_engine=self.cfg.rollout.engine_tp)
-        elif transport == "cuda_ipc":
-            self.synchronizer = CudaIpcWeightSynchronizer(directory, secret, bucket_bytes=options.bucket_mb << 20,
-                                                          timeout_s=options.timeout_s)
-        elif dist.get_rank() == 0:
-            self.synchronizer = ZmqWeightSynchronizer(
-                endpoint(transport, reachable_ip()), bucket_bytes=options.bucket_mb << 20, timeout_s=options.timeout_s,
-                workers_per_engine=self.cfg.rollout.engine_tp, secret=secret)
-        else:
-            self.synchronizer = _ZMQ_FROM_RANK_0
+            sends_stage = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+            self.synchronizer = weight_sync.for_trainer_rank(
+                self.cfg.weight_sync, engines, engine_nodes, workers_per_engine=self.cfg.rollout.engine_tp,
+                stage=ps.get_pipeline_model_parallel_rank() if sends_stage else None, cuda=platform.has_cuda())
         return self.synchronizer
 
     def release_memory(self, role: str, params: bool) -> None:

@@ -36,8 +36,14 @@ import traceback
 import torch
 import zmq
 
+from agentgym_mega.config import load_config
+from agentgym_mega.models.tiny import TinySpec, make_tiny_model
 from agentgym_mega.rollout.engines import SamplingConfig
-from agentgym_mega.weight_sync.zmq_transport import default_address
+from agentgym_mega.weight_sync import new_secret
+from agentgym_mega.weight_sync.loopback import TRANSPORTS, LoopbackReceiver, LoopbackSender, open_group
+
+# Ray (and the stack, which starts it) are imported where the megatron mode uses them: the
+# transport mode's spawned processes import this module and need neither.
 
 # ~104M parameters: 12 layers of hidden 768 with a 3072-wide MLP (the vocabulary is tiny).
 BENCH_MODEL = dict(layers=12, hidden=768, heads=12, kv_heads=4, ffn=3072)
@@ -56,7 +62,7 @@ def raw_zmq_gbps(total_bytes: int, frame_bytes: int) -> float:
     `frame_bytes` to another process over ipc://."""
     data = torch.ones(total_bytes, dtype=torch.uint8).numpy()
     frames = -(-total_bytes // frame_bytes)
-    address = default_address()
+    address = f"ipc://{tempfile.mkdtemp(prefix='agentgym-bench-')}/sock"  # a 0700 directory of its own
     sock = zmq.Context.instance().socket(zmq.PUSH)
     sock.bind(address)
     ctx = mp.get_context("spawn")
@@ -71,15 +77,13 @@ def raw_zmq_gbps(total_bytes: int, frame_bytes: int) -> float:
     seconds = time.perf_counter() - start
     proc.join()
     sock.close(linger=0)
-    shutil.rmtree(os.path.dirname(address.removeprefix("ipc://")), ignore_errors=True)  # default_address's directory
+    shutil.rmtree(os.path.dirname(address.removeprefix("ipc://")), ignore_errors=True)
     return total_bytes / seconds / 1e9
 
 
 def config(trained: str, tp: int, bucket_mb: int):
     """The run the benchmark starts: the actor at TP=`tp` holding `trained`, one engine, no env
     servers, no reference policy."""
-    from agentgym_mega.config import load_config
-
     return load_config(None, [f"model.path={trained}", f"parallel.world_size={tp}", f"parallel.tp={tp}",
                               "model.dtype=float32", "trainer.lr=1e-4", "algorithm.kl_coef=0.0",
                               "rollout.max_model_len=512", "rollout.max_tokens_per_turn=64",
@@ -87,10 +91,7 @@ def config(trained: str, tp: int, bucket_mb: int):
 
 
 def run(tp: int = 2, bucket_mb: int = 64, repeats: int = 3) -> dict:
-    import statistics
-
-    from agentgym_mega.models.tiny import TinySpec, make_tiny_model
-    from agentgym_mega.stack import Stack
+    from agentgym_mega.stack import Stack  # ray: see the module's imports
 
     with tempfile.TemporaryDirectory() as tmp:
         start_model = make_tiny_model(f"{tmp}/start", TinySpec(arch="qwen2", seed=0, **BENCH_MODEL))
@@ -133,7 +134,7 @@ def _random_batch(seed: int, size: int = 2, length: int = 32) -> dict:
 
 def _logprob_gap(actor, engine) -> torch.Tensor:
     """|vLLM - trainer| log-probs of the tokens the engine samples from a few prompts."""
-    import ray
+    import ray  # see the module's imports
 
     prompts = [[1, 5, 9, 20, 33, 7], [1, 7, 7, 7], [1, 300, 12, 40]]
     generations = ray.get(engine.generate.remote(prompts, SamplingConfig(max_tokens=16), [0] * len(prompts)))
@@ -149,7 +150,6 @@ def _logprob_gap(actor, engine) -> torch.Tensor:
 
 # -- transport mode: zmq vs collective from one sender to N receivers, no megatron, no vLLM --------
 
-TRANSPORTS = ("zmq", "collective")
 _TRANSPORT_TIMEOUT_S = 300.0  # per sync step and per barrier: far above a 256 MiB sync to 4 receivers
 _LAYERS = 8
 
@@ -290,35 +290,21 @@ def _transport_sender(transport: str, receivers: int, size_mb: int, bucket_bytes
                       secret: str, spec: dict | None, barrier, results) -> None:
     """The sending process: builds the model, then 1 + `repeats` syncs, each started when every
     receiver waits at `barrier` and measured from inside this process."""
-    import datetime
-
-    import torch.distributed as dist
-
-    from agentgym_mega.weight_sync.collective import CollectiveSender, GroupSpec
-    from agentgym_mega.weight_sync.zmq_transport import ZmqWeightSender
-
     torch.set_num_threads(1)
     sender = None
     try:
         model = synthetic_model(size_mb)
         model_bytes = sum(t.numel() * t.element_size() for _, t in model)
+        sender = LoopbackSender(transport, receivers, bucket_bytes, _TRANSPORT_TIMEOUT_S, secret, spec)
         if transport == "zmq":
-            sender = ZmqWeightSender("tcp://127.0.0.1:0", bucket_bytes=bucket_bytes,
-                                     timeout_s=_TRANSPORT_TIMEOUT_S, secret=secret)
-            results.put(("address", sender.address))
-        else:
-            group = GroupSpec.of(spec)
-            host, port = group.stores[0]
-            store = dist.TCPStore(host, port, group.world, is_master=False,
-                                  timeout=datetime.timedelta(seconds=group.timeout_s))
-            sender = CollectiveSender(group, 0, store, secret)  # waits for every receiver to join
+            results.put(("address", sender.target))
         syncs = []
         for version in range(repeats + 1):
             _stamp(model, version)
             barrier.wait()  # every receiver is ready for this version
             tcp, wchar = tcp_bytes_sent(), _wchar()
             start = time.perf_counter()
-            stats = sender.push(model, version, receivers) if transport == "zmq" else sender.push(model, version)
+            stats = sender.push(model, version)
             seconds = time.perf_counter() - start
             wchar, (sent, retrans) = _wchar() - wchar, sent_since(tcp, tcp_bytes_sent())
             barrier.wait()  # measured: the receivers may let go of their connections
@@ -340,49 +326,18 @@ def _transport_receiver(transport: str, rank: int, target, size_mb: int, repeats
                         barrier, results) -> None:
     """A receiving process: takes 1 + `repeats` versions, checks each, discards it. `target`: the
     ZMQ sender's address, or the collective group's spec."""
-    from agentgym_mega.weight_sync.collective import CollectiveReceiver, GroupSpec
-    from agentgym_mega.weight_sync.zmq_transport import ZmqWeightReceiver
-
     torch.set_num_threads(1)
     layout = synthetic_layout(size_mb)
+    expected = {name: shape for name, shape, _ in layout}
     receiver = None
     try:
-        if transport == "zmq":
-            for version in range(repeats + 1):
-                barrier.wait()
-                receiver = ZmqWeightReceiver(target, _TRANSPORT_TIMEOUT_S, secret=secret)  # one per sync
-                got, tensors = receiver.receive(version)
-                checker, error = _Checker(layout, version), None
-                try:
-                    for name, tensor in tensors:
-                        checker.check(name, tensor)
-                    checker.complete()
-                except ValueError as exc:
-                    error = str(exc)
-                receiver.reply(got, error)
-                if error is not None:
-                    raise RuntimeError(error)
-                barrier.wait()  # the sender has measured
-                receiver.close()
-                receiver = None
-        else:
-            receiver = CollectiveReceiver(GroupSpec.of(target), rank, secret)
-            expected = {name: shape for name, shape, _ in layout}
-            for version in range(repeats + 1):
-                barrier.wait()
-                checker, error = _Checker(layout, version), None
-                stream = receiver.stream(version, expected)
-                try:
-                    for name, tensor in stream:
-                        checker.check(name, tensor)
-                    checker.complete()
-                except Exception as exc:  # noqa: BLE001 - voted down, then reported
-                    error = f"{type(exc).__name__}: {exc}"
-                finally:
-                    stream.close()
-                if not receiver.vote(error is None):
-                    raise RuntimeError(error or f"version {version} rolled back: another member voted no")
-                barrier.wait()
+        receiver = LoopbackReceiver(transport, rank, target, _TRANSPORT_TIMEOUT_S, secret)
+        for version in range(repeats + 1):
+            barrier.wait()
+            checker = _Checker(layout, version)
+            receiver.take(version, expected, checker.check, checker.complete)
+            barrier.wait()  # the sender has measured
+            receiver.release()
     except BaseException:
         barrier.abort()
         results.put(("error", f"{transport} receiver {rank}: {traceback.format_exc()}"))
@@ -417,9 +372,6 @@ def _expect(results, kind: str, procs: list, deadline: float):
 def _run_transport(transport: str, receivers: int, size_mb: int, bucket_bytes: int, repeats: int) -> list[dict]:
     """One (transport, receivers) configuration in fresh processes: the sender's per-sync
     measurements, warm-up sync first."""
-    from agentgym_mega.weight_sync.collective import GroupSpec, new_group_id, open_store
-    from agentgym_mega.weight_sync.zmq_transport import new_secret
-
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     barrier = ctx.Barrier(1 + receivers, timeout=_TRANSPORT_TIMEOUT_S)
@@ -428,9 +380,7 @@ def _run_transport(transport: str, receivers: int, size_mb: int, bucket_bytes: i
     store, spec, procs = None, None, []
     try:
         if transport == "collective":
-            store = open_store("127.0.0.1", 1 + receivers, _TRANSPORT_TIMEOUT_S)
-            spec = GroupSpec(new_group_id(), (("127.0.0.1", store.port),), 1 + receivers, "gloo", "chain",
-                             bucket_bytes, _TRANSPORT_TIMEOUT_S).as_dict()
+            store, spec = open_group(receivers, bucket_bytes, _TRANSPORT_TIMEOUT_S)
         procs.append(ctx.Process(target=_transport_sender, name=f"{transport}-sender",
                                  args=(transport, receivers, size_mb, bucket_bytes, repeats, secret, spec,
                                        barrier, results)))

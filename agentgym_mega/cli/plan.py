@@ -25,7 +25,7 @@ def add(sub) -> None:
             "placement, against --gpu-mem-gb less 5% headroom (decimal GB: an 80 GB H100 has 85.5).\n"
             "A layout that does not fit, or that megatron or vLLM refuses, exits 2 with the reason and\n"
             "up to 3 nearest layouts that fit, as overrides to paste. The model of memory is in\n"
-            "agentgym_mega/memory_plan.py and docs/clusters.md (\"Planning memory\")."
+            "agentgym_mega/memory_formulas.py and docs/clusters.md (\"Planning memory\")."
         ),
     )
     p.add_argument("--config", required=True, help="YAML config (e.g. configs/recipes/*.yaml)")

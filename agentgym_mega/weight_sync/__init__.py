@@ -1,16 +1,13 @@
-"""Moving trainer weights into inference engines: one interface, two transports (ZMQ streams
-from trainer rank 0, and a collective per pipeline stage; see config.WeightSyncConfig)."""
+"""Moving trainer weights into inference engines: the interface (base), one factory that
+resolves the transport and builds each trainer rank's synchronizer (factory), and the transports
+behind it (ZMQ streams from trainer rank 0, CUDA IPC per GPU, a collective per pipeline stage;
+see config.WeightSyncConfig). Code outside this package imports this module, base, factory and
+loopback (`bench sync`'s raw transports) only, never a transport's own module
+(tests/unit/test_weight_sync_seam.py)."""
 
-from agentgym_mega.weight_sync.base import WeightSynchronizer
-from agentgym_mega.weight_sync.collective import CollectiveWeightSynchronizer
-from agentgym_mega.weight_sync.zmq_transport import (
-    SyncError,
-    SyncStats,
-    ZmqWeightSynchronizer,
-    choose_transport,
-    endpoint,
-    new_secret,
-)
+from agentgym_mega.weight_sync.auth import new_secret
+from agentgym_mega.weight_sync.base import Receiver, SyncError, SyncStats, WeightSynchronizer
+from agentgym_mega.weight_sync.factory import choose_transport, for_trainer_rank, receiver_of
 
-__all__ = ["CollectiveWeightSynchronizer", "SyncError", "SyncStats", "WeightSynchronizer", "ZmqWeightSynchronizer",
-           "choose_transport", "endpoint", "new_secret"]
+__all__ = ["Receiver", "SyncError", "SyncStats", "WeightSynchronizer", "choose_transport", "for_trainer_rank",
+           "new_secret", "receiver_of"]

@@ -93,3 +93,10 @@ def fill(buffer: torch.Tensor, bucket: Bucket) -> int:
         buffer[offset : offset + payload.numel()].copy_(payload)
         offset += payload.numel()
     return offset
+
+
+def bucket_header(op: str, bucket: Bucket, **extra) -> dict:
+    """A bucket's description as its stream carries it (JSON): the specs of the tensors it
+    introduces and its segments."""
+    return {"op": op, "specs": {i: dataclasses.astuple(s) for i, s in bucket.specs.items()},
+            "segments": [dataclasses.astuple(s) for s in bucket.segments], **extra}

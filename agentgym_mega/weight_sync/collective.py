@@ -15,7 +15,7 @@ the order given (the trainer lists engines by node, so a chain crosses each node
 Algorithms. ``broadcast``: the library's own; NCCL pipelines it along a ring, so the sender sends
 each byte once. ``chain``: a pipelined relay over send/recv, chunk by chunk, each receiver
 forwarding to the next. Used on gloo, whose broadcast is a binomial tree: its root sends the
-payload more than once, more often the more receivers there are (docs/results.md).
+payload once per subtree, so its bytes grow with the receivers (`bench sync --transport`).
 
 Stream, per stage group, every message from rank 0 (a length, then that many bytes of JSON):
 
@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
-import hmac
 import json
 import queue
 import secrets
@@ -45,19 +43,14 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from agentgym_mega.weight_sync.base import WeightSynchronizer
-from agentgym_mega.weight_sync.buckets import TensorSpec, fill, pack
+from agentgym_mega.weight_sync.auth import collective_key, collective_key_ok, secret_bytes
+from agentgym_mega.weight_sync.base import STAGE, Incoming, Receiver, SyncError, SyncStats, WeightSynchronizer, timed
+from agentgym_mega.weight_sync.buckets import TensorSpec, bucket_header, fill, pack
 from agentgym_mega.weight_sync.ranks import engine_ids, gather_json, sync_from_ranks
-from agentgym_mega.weight_sync.zmq_transport import SyncError, SyncStats, _secret_bytes, _timed
 
 CHUNK_BYTES = 4 << 20  # chain relay: a receiver forwards each chunk as soon as it arrived
 MAX_HEADER_BYTES = 16 << 20  # a header lists a bucket's segments: far below this
 _TAG = 7
-
-
-def _key(secret: bytes, *parts) -> str:
-    message = "\n".join(["agentgym-mega collective sync v1", *map(str, parts)]).encode()
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +91,7 @@ def open_store(host: str, world: int, timeout_s: float) -> dist.TCPStore:
 
 
 def _process_group(spec: GroupSpec, store, rank: int, stage: int, secret: bytes):
-    prefixed = dist.PrefixStore(_key(secret, "store", spec.id, stage) + "/", store)
+    prefixed = dist.PrefixStore(collective_key(secret, "store", spec.id, stage) + "/", store)
     timeout = datetime.timedelta(seconds=spec.timeout_s)
     if spec.backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
@@ -202,7 +195,7 @@ class CollectiveSender:
 
     def __init__(self, spec: GroupSpec, stage: int, store, secret: str | bytes):
         self.spec, self.stage = spec, stage
-        self._secret = _secret_bytes(secret)
+        self._secret = secret_bytes(secret)
         self._store = store  # kept alive with the group
         self.link = _Link(_process_group(spec, store, 0, stage, self._secret), 0, spec)
         device = _device(spec)
@@ -214,7 +207,7 @@ class CollectiveSender:
         SyncError (and every receiver keeps its previous weights) if any did not take them."""
         start = time.perf_counter()
         source = [0.0]
-        named_tensors = _timed(named_tensors, source)
+        named_tensors = timed(named_tensors, source)
         in_flight: list[list] = [[], []]
         count = params = sent = buckets = 0
         try:
@@ -223,11 +216,7 @@ class CollectiveSender:
                 for work in in_flight[slot]:  # double buffering: this buffer's previous bucket is out
                     work.wait()
                 nbytes = fill(self._buffers[slot], bucket)
-                self.link.send_header({
-                    "op": "BUCKET", "nbytes": nbytes,
-                    "specs": {i: dataclasses.astuple(s) for i, s in bucket.specs.items()},
-                    "segments": [dataclasses.astuple(s) for s in bucket.segments],
-                })
+                self.link.send_header(bucket_header("BUCKET", bucket, nbytes=nbytes))
                 in_flight[slot] = self.link.relay(self._buffers[slot][:nbytes]) if nbytes else []
                 count += len(bucket.specs)
                 params += sum(s.numel for s in bucket.specs.values())
@@ -241,7 +230,7 @@ class CollectiveSender:
             self._abort(exc)
             raise
         self.link.send_header({"op": "COMMIT", "version": version, "stage": self.stage, "tensors": count,
-                               "bytes": sent, "proof": _key(self._secret, "commit", self.spec.id, self.stage,
+                               "bytes": sent, "proof": collective_key(self._secret, "commit", self.spec.id, self.stage,
                                                             version)})
         if not self.link.vote(True):
             raise SyncError(f"version {version} not taken: an engine worker failed or left during the sync "
@@ -274,7 +263,7 @@ class CollectiveReceiver:
         if not 0 < rank < spec.world:
             raise SyncError(f"receiver rank {rank} outside the group of {spec.world}")
         self.spec, self.rank = spec, rank
-        self._secret = _secret_bytes(secret)
+        self._secret = secret_bytes(secret)
         self.links = []
         try:
             for stage, (host, port) in enumerate(spec.stores):
@@ -380,9 +369,7 @@ class CollectiveReceiver:
             if header.get("version") != version or header.get("stage") != stage:
                 raise SyncError(f"stage {stage} committed version {header.get('version')} of stage "
                                 f"{header.get('stage')}, this engine expects version {version}")
-            proof = header.get("proof")
-            if not (isinstance(proof, str) and hmac.compare_digest(
-                    proof.encode(), _key(self._secret, "commit", self.spec.id, stage, version).encode())):
+            if not collective_key_ok(self._secret, header.get("proof"), "commit", self.spec.id, stage, version):
                 raise SyncError(f"stage {stage}'s commit carries no valid proof of the run's secret")
             unpack.check_complete(header.get("tensors"), stage)
             ready.put(("done", stage))
@@ -446,6 +433,44 @@ def new_group_id() -> str:
     return secrets.token_hex(16)
 
 
+@dataclasses.dataclass(frozen=True)
+class CollectiveJoin(Receiver):
+    """Join the stage groups of `group` (a GroupSpec as a dict) as rank `first_rank` + the worker's
+    own rank, receive `version`, and keep it only if every member took it. The membership stays
+    in the worker's state from sync to sync, until a failure or a new group."""
+
+    kind = "collective"
+    group: dict
+    first_rank: int
+    secret: str
+
+    def open(self, worker_rank: int, state: dict) -> Incoming:
+        spec = GroupSpec.of(self.group)
+        member = state.get("collective")
+        if member is None or member.spec.id != spec.id:
+            if member is not None:
+                member.close()
+            state.pop("collective", None)
+            member = state["collective"] = CollectiveReceiver(spec, self.first_rank + worker_rank, self.secret)
+        return _Membership(member, self.version, state)
+
+
+class _Membership(Incoming):
+    def __init__(self, member: CollectiveReceiver, version: int, state: dict):
+        self.member, self.version, self.state = member, version, state
+
+    def stream(self, expected):
+        return self.member.stream(self.version, expected)
+
+    def keep(self, loaded: bool) -> bool:
+        return self.member.vote(loaded)
+
+    def finish(self, error: Exception | None) -> None:
+        if error is not None:  # a group that saw a failure is never reused
+            self.member.close()
+            self.state.pop("collective", None)
+
+
 class CollectiveWeightSynchronizer(WeightSynchronizer):
     """The trainer's side, on every trainer rank: all ranks call :meth:`sync` together (as they
     do the TP/PP gather that produces the tensors). The first TP rank of each pipeline stage in
@@ -453,6 +478,8 @@ class CollectiveWeightSynchronizer(WeightSynchronizer):
     global rank 0 also tells the engines to receive. The groups are kept from sync to sync while
     the engines stay the same and nothing failed. `group`: the trainer's own process group, for
     the few objects the ranks exchange (store addresses, outcomes)."""
+
+    export = STAGE
 
     def __init__(self, stage: int | None, host: str, secret: str, *, bucket_bytes: int, timeout_s: float,
                  workers_per_engine: int, group=None, backend: str | None = None, algorithm: str | None = None):
@@ -493,8 +520,7 @@ class CollectiveWeightSynchronizer(WeightSynchronizer):
 
         spec = self._spec.as_dict()
         outcome = sync_from_ranks(
-            engines, lambda i, _: ("update_weights_collective", (spec, 1 + i * self.workers_per_engine, version,
-                                                                 self._secret)),
+            engines, lambda i: CollectiveJoin(version, spec, 1 + i * self.workers_per_engine, self._secret),
             push if self.stage is not None else None, named_tensors, self.group)
         if outcome.senders_failed:
             if self._sender is not None:  # a group that failed is not reused

@@ -4,8 +4,8 @@ to process under Ray's per-actor CUDA_VISIBLE_DEVICES; UUIDs do not).
 
 Every trainer rank exports the whole model (TP shards all-gathered, other stages' tensors
 broadcast: weights.export_hf(to="every")), and a rank with engine workers on its GPU streams it
-to them through the ZMQ sender's ring of CUDA IPC bucket slots on that GPU (zmq_transport: a few
-buckets, never a copy of the model), at ipc://<run directory>/<GPU UUID>.sock. The engines get
+to them through a ring of CUDA IPC bucket slots on that GPU (ipc_ring: a few buckets, never a
+copy of the model), at ipc://<run directory>/<GPU UUID>.sock. The engines get
 that address with ``{uuid}`` in place of the UUID and each worker fills in its own, so a worker
 connects to the socket of its own GPU and nothing else."""
 
@@ -19,11 +19,11 @@ from typing import Sequence
 import torch.distributed as dist
 
 from agentgym_mega.remote import call_async
-from agentgym_mega.weight_sync.base import WeightSynchronizer
+from agentgym_mega.weight_sync.base import EVERY, SyncError, SyncStats, WeightSynchronizer
+from agentgym_mega.weight_sync.handles import device_uuid
+from agentgym_mega.weight_sync.ipc_ring import CudaIpcSender
 from agentgym_mega.weight_sync.ranks import engine_ids, gather_json, sync_from_ranks
-from agentgym_mega.weight_sync.zmq_transport import SyncError, SyncStats, ZmqWeightSender, device_uuid
-
-UUID_FIELD = "{uuid}"
+from agentgym_mega.weight_sync.zmq_transport import UUID_FIELD, ZmqReceiver
 
 
 def pair_by_gpu(trainer_gpus: Sequence[str], worker_gpus: Sequence[str]) -> list[int]:
@@ -47,12 +47,14 @@ class CudaIpcWeightSynchronizer(WeightSynchronizer):
     a fresh 0700 directory on the node, the same on every rank (rank 0 made it); `group`: the
     trainer's process group."""
 
+    export = EVERY
+
     def __init__(self, directory: str, secret: str, *, bucket_bytes: int, timeout_s: float, group=None):
         self.directory, self._secret = directory, secret
         self.bucket_bytes, self.timeout_s, self.group = bucket_bytes, timeout_s, group
         self._paired_for: tuple | None = None  # the engines the pairing was made for
         self._receivers = 0  # engine workers on this rank's GPU
-        self._sender: ZmqWeightSender | None = None
+        self._sender: CudaIpcSender | None = None
 
     @property
     def template(self) -> str:
@@ -79,8 +81,8 @@ class CudaIpcWeightSynchronizer(WeightSynchronizer):
             self._sender = None
         if self._receivers:
             address = self.template.replace(UUID_FIELD, device_uuid(None))
-            self._sender = ZmqWeightSender(address, bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s,
-                                           cuda_ipc=True, secret=self._secret)
+            self._sender = CudaIpcSender(address, bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s,
+                                         secret=self._secret)
         self._paired_for = engine_ids(engines)
 
     def sync(self, named_tensors, engines: Sequence, version: int, progress=None) -> SyncStats | None:
@@ -92,9 +94,9 @@ class CudaIpcWeightSynchronizer(WeightSynchronizer):
         def push() -> SyncStats:
             return self._sender.push(named_tensors, version, self._receivers, progress)
 
-        outcome = sync_from_ranks(
-            engines, lambda i, _: ("update_weights", (self.template, version, self.timeout_s, self._secret)),
-            push if self._receivers else None, named_tensors, self.group)
+        receiver = ZmqReceiver(version, self.template, self.timeout_s, self._secret)
+        outcome = sync_from_ranks(engines, lambda i: receiver, push if self._receivers else None, named_tensors,
+                                  self.group)
         if dist.get_rank(self.group) != 0:
             return None
         if outcome.errors:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from agentgym_mega.remote import call_async
-from agentgym_mega.weight_sync.zmq_transport import SyncStats
+from agentgym_mega.weight_sync.base import Receiver, SyncStats
 
 
 def gather_json(item, group=None) -> list:
@@ -45,14 +45,14 @@ class Outcome:
     errors: list[str]  # the senders' and (on rank 0) the engines'
 
 
-def sync_from_ranks(engines: Sequence, receive: Callable[[int, object], tuple[str, tuple]],
+def sync_from_ranks(engines: Sequence, receiver: Callable[[int], Receiver],
                     push: Callable[[], SyncStats] | None, named_tensors, group=None) -> Outcome:
-    """`receive(i, engine)` -> (method, args) that rank 0 calls on each engine, without waiting;
-    `push`: this rank's sending (None on a rank that does not send). Every rank must call this."""
+    """`receiver(i)`: what rank 0 hands engine i's receive_weights, without waiting; `push`:
+    this rank's sending (None on a rank that does not send). Every rank must call this."""
     outcome, waits = None, []
     with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
         if dist.get_rank(group) == 0:
-            waits = [call_async(pool, e, *_call(receive(i, e))) for i, e in enumerate(engines)]
+            waits = [call_async(pool, e, "receive_weights", receiver(i)) for i, e in enumerate(engines)]
         try:
             if push is not None:
                 outcome = ("ok", dataclasses.asdict(push()))
@@ -70,8 +70,3 @@ def sync_from_ranks(engines: Sequence, receive: Callable[[int, object], tuple[st
             except Exception as exc:  # noqa: BLE001 - each engine reports its own failure
                 errors.append(f"{type(exc).__name__}: {exc}")
     return Outcome([SyncStats(**o[1]) for o in outcomes if o[0] == "ok"], senders_failed, errors)
-
-
-def _call(method_and_args: tuple[str, tuple]) -> tuple:
-    method, args = method_and_args
-    return (method, *args)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import glob
 import os
-import time
 
 import torch
 from safetensors import safe_open
 
-from agentgym_mega.weight_sync.cuda_ipc import UUID_FIELD
-from agentgym_mega.weight_sync.zmq_transport import SyncError, ZmqWeightReceiver, device_uuid
+from agentgym_mega.weight_sync.base import Receiver, SyncError
+from agentgym_mega.weight_sync.factory import receiver_of
+from agentgym_mega.weight_sync.handles import device_uuid
+
+# vllm is imported where used: it is heavy, and tools and tests read checkpoint_shapes without it.
 
 
 def checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
@@ -67,30 +69,32 @@ class VLLMWeightLoader:
     return an error message instead of raising: vLLM's collective_rpc returns at the first worker
     that raises, and the other workers' replies would then answer the engine's next call."""
 
-    def agm_receive_weights(self, address: str, version: int, timeout_s: float,
-                            secret: str | bytes | None = None) -> str | None:
+    def agm_receive_weights(self, receiver: dict) -> str | None:
         try:
-            self._agm_receive_weights(address, version, timeout_s, secret)
+            self._agm_receive(receiver_of(receiver))
         except Exception as exc:  # noqa: BLE001 - the engine raises it, once every worker answered
             return f"{type(exc).__name__}: {exc}"
         return None
 
-    def _agm_receive_weights(self, address: str, version: int, timeout_s: float, secret: str | bytes | None):
-        """Loads the tensors into vLLM as they arrive (its loaders fuse QKV / gate-up, keep this
-        worker's TP shard and redo post-load processing such as CPU weight packing); a stream
-        that does not end in a matching COMMIT puts the previous weights back."""
-        if UUID_FIELD in address:  # CUDA IPC per GPU: the trainer rank on this worker's own GPU
-            address = address.replace(UUID_FIELD, device_uuid(None))
-        # Refuses tcp:// without a secret, and CUDA IPC handles anywhere but over ipc://.
-        receiver = ZmqWeightReceiver(address, timeout_s, secret=secret)
+    def _agm_receive(self, receiver: Receiver) -> None:
+        """Loads the tensors into vLLM as they arrive over the receiver's transport (its loaders
+        fuse QKV / gate-up, keep this worker's TP shard and redo post-load processing such as CPU
+        weight packing), then keeps the version only if the transport agrees (a COMMIT that
+        matches what arrived; over the collective, every member's vote); otherwise the previous
+        weights are put back. Host memory: the snapshot of this worker's shard, the transport's
+        buffers, and the tensors of the layers being loaded (vLLM holds a layer's tensors until
+        it is complete)."""
+        if not hasattr(self, "_agm_state"):
+            self._agm_state = {}  # what a transport keeps from sync to sync (a collective group)
+        incoming = receiver.open(self.rank, self._agm_state)
         try:
-            error = self._agm_load(receiver.stream(version, self._agm_checkpoint_shapes()))
-            if error is not None:
-                receiver.reply(version, error=f"{type(error).__name__}: {error}")
-                raise error
-            receiver.reply(version, load_seconds=time.perf_counter() - receiver.committed_at)
-        finally:
-            receiver.close()
+            error = self._agm_load(incoming.stream(self._agm_checkpoint_shapes()), keep=incoming.keep)
+        except BaseException as exc:
+            incoming.finish(exc)
+            raise
+        incoming.finish(error)
+        if error is not None:
+            raise error
 
     def _agm_checkpoint_shapes(self) -> dict[str, tuple[int, ...]]:
         if not hasattr(self, "_agm_shapes"):
@@ -122,32 +126,3 @@ class VLLMWeightLoader:
 
     def agm_device_uuid(self) -> str | None:
         return device_uuid(None) if torch.cuda.is_available() else None
-
-    def agm_receive_collective(self, group: dict, first_rank: int, version: int,
-                               secret: str | bytes) -> str | None:
-        try:
-            self._agm_receive_collective(group, first_rank, version, secret)
-        except Exception as exc:  # noqa: BLE001 - the engine raises it, once every worker answered
-            return f"{type(exc).__name__}: {exc}"
-        return None
-
-    def _agm_receive_collective(self, group: dict, first_rank: int, version: int, secret: str | bytes) -> None:
-        """Joins the sync's stage groups (once per group: kept until a failure or a new group),
-        loads the tensors as they arrive (see _agm_receive_weights), then votes: keeps the
-        version only if every member of the group took it, and otherwise puts the previous
-        weights back. Host memory: the snapshot of this worker's shard, two buckets, and the
-        tensors of the layers being loaded (vLLM holds a layer's tensors until it is complete)."""
-        from agentgym_mega.weight_sync.collective import CollectiveReceiver, GroupSpec
-
-        spec = GroupSpec.of(group)
-        receiver = getattr(self, "_agm_group", None)
-        if receiver is None or receiver.spec.id != spec.id:
-            if receiver is not None:
-                receiver.close()
-            self._agm_group = None
-            receiver = self._agm_group = CollectiveReceiver(spec, first_rank + self.rank, secret)
-        error = self._agm_load(receiver.stream(version, self._agm_checkpoint_shapes()), keep=receiver.vote)
-        if error is not None:
-            receiver.close()  # never reused after a failure
-            self._agm_group = None
-            raise error

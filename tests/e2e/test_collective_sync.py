@@ -30,8 +30,10 @@ class DyingEngine:
 
         self.shapes = checkpoint_shapes(model_dir)
 
-    def update_weights_collective(self, group: dict, first_rank: int, version: int, secret: str) -> int:
+    def receive_weights(self, join) -> int:
         from agentgym_mega.weight_sync.collective import CollectiveReceiver, GroupSpec
+
+        group, first_rank, version, secret = join.group, join.first_rank, join.version, join.secret
 
         def worker(rank: int):
             receiver = CollectiveReceiver(GroupSpec.of(group), rank, secret)

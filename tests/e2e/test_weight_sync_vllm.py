@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from agentgym_mega.rollout.engines import SamplingConfig
-from agentgym_mega.weight_sync import SyncError, ZmqWeightSynchronizer, new_secret
-from agentgym_mega.weight_sync.zmq_transport import default_address
+from agentgym_mega.weight_sync import SyncError, new_secret
+from agentgym_mega.weight_sync.zmq_sender import default_address
+from agentgym_mega.weight_sync.zmq_transport import ZmqReceiver, ZmqWeightSynchronizer
 from tests.unit.weight_sync_peers import SECRET, HandMadeTrainer, handle_message
 
 pytestmark = pytest.mark.slow
@@ -89,7 +90,7 @@ def test_second_sync_of_the_same_weights_changes_nothing(engine, models):
 SENDER_THAT_DIES = """
 import os, signal, sys
 from safetensors.torch import load_file
-from agentgym_mega.weight_sync.zmq_transport import ZmqWeightSender
+from agentgym_mega.weight_sync.zmq_sender import ZmqWeightSender
 sender = ZmqWeightSender(sys.argv[1], bucket_bytes=2048, timeout_s=30)
 tensors = list(load_file(sys.argv[2]).items())
 total = sum(t.numel() * t.element_size() for _, t in tensors)
@@ -113,7 +114,7 @@ def test_sync_interrupted_by_a_dead_trainer_keeps_the_previous_weights(engine, m
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "bound"
     with pytest.raises(Exception, match="stalled"):
-        engine.update_weights(address, 4, timeout_s=3)
+        engine.receive_weights(ZmqReceiver(4, address, timeout_s=3))
     assert proc.wait(timeout=30) == -signal.SIGKILL
     assert engine.health()["version"] == 3
     still = engine.generate(PROMPTS, GREEDY)
@@ -146,7 +147,7 @@ def test_a_pickled_handle_over_tcp_is_refused_and_the_old_weights_keep_serving(e
                               version=11)
     try:
         with pytest.raises(Exception, match="refusing a CUDA IPC HANDLE frame over tcp://"):
-            engine.update_weights(trainer.address, 11, timeout_s=10, secret=SECRET)
+            engine.receive_weights(ZmqReceiver(11, trainer.address, timeout_s=10, secret=SECRET))
     finally:
         trainer.close()
     assert not marker.exists()

@@ -6,7 +6,9 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from agentgym_mega.weight_sync.zmq_transport import ZmqWeightReceiver, ZmqWeightSender, new_secret
+from agentgym_mega.weight_sync.auth import new_secret
+from agentgym_mega.weight_sync.ipc_ring import CudaIpcSender
+from agentgym_mega.weight_sync.zmq_receiver import ZmqWeightReceiver
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -26,7 +28,7 @@ def test_cuda_tensors_travel_as_ipc_handles(secret):
     tensors = [("a", torch.arange(12.0, device="cuda").view(3, 4)),
                ("b", torch.ones(5, device="cuda", dtype=torch.bfloat16))]
     # 16-byte slots: the 58 bytes take 4 buckets through the ring of 3, which is reused
-    sender = ZmqWeightSender(cuda_ipc=True, bucket_bytes=16, timeout_s=60, secret=secret)
+    sender = CudaIpcSender(bucket_bytes=16, timeout_s=60, secret=secret)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_engine_side, args=(sender.address, queue, secret))

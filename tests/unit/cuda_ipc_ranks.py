@@ -23,11 +23,12 @@ class Engine:
     def device_uuids(self) -> list[str]:
         return [self.gpu]
 
-    def update_weights(self, address: str, version: int, timeout_s: float, secret=None) -> int:
-        from agentgym_mega.weight_sync.cuda_ipc import UUID_FIELD
-        from agentgym_mega.weight_sync.zmq_transport import ZmqWeightReceiver
+    def receive_weights(self, receiver) -> int:
+        from agentgym_mega.weight_sync.zmq_receiver import ZmqWeightReceiver
+        from agentgym_mega.weight_sync.zmq_transport import UUID_FIELD
 
-        receiver = ZmqWeightReceiver(address.replace(UUID_FIELD, self.gpu), timeout_s, secret=secret)
+        address, version = receiver.address.replace(UUID_FIELD, self.gpu), receiver.version
+        receiver = ZmqWeightReceiver(address, receiver.timeout_s, secret=receiver.secret)
         try:
             got, tensors = receiver.receive(version)
             receiver.reply(got)

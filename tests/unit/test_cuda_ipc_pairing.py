@@ -8,8 +8,8 @@ import tempfile
 import pytest
 
 from agentgym_mega.network import free_port
+from agentgym_mega.weight_sync import SyncError
 from agentgym_mega.weight_sync.cuda_ipc import pair_by_gpu
-from agentgym_mega.weight_sync.zmq_transport import SyncError
 from tests.unit import cuda_ipc_ranks
 
 

@@ -211,6 +211,17 @@ def test_a_run_over_two_nodes_syncs_by_collective_and_plans_its_buckets():
     assert gpu0 == 3 * (512 << 20) + layer_or_embedding
 
 
+def test_the_plan_resolves_the_transport_by_the_trainers_own_rule():
+    # weight_sync.choose_transport decides for the planner as for the trainer ranks: a transport
+    # the trainer would refuse for engines on another node is refused here, in its words.
+    seven_b = os.path.join(REPO, "configs", "recipes", "babyai_qwen2.5-7b.yaml")
+    with pytest.raises(BadInput, match="weight_sync.transport=ipc reaches engines on the trainer's node"):
+        plan_of(seven_b, ["cluster.placement=split", "rollout.num_engines=4", "weight_sync.transport=ipc"])
+    one_node = plan_of(seven_b, ["cluster.placement=split", "rollout.num_engines=1", "parallel.world_size=4",
+                                 "weight_sync.transport=ipc"])
+    assert one_node["layout"]["weight_sync"] == "ipc" and one_node["gpu"]["nodes"] == 1
+
+
 def test_architecture_is_checked_against_the_checkpoints_config(tmp_path):
     facts = architecture("qwen2.5-7b-instruct")
     (tmp_path / "config.json").write_text(json.dumps(facts | {"hidden_size": 4096, "model_type": "qwen2"}))

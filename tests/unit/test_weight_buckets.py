@@ -8,16 +8,12 @@ import time
 import pytest
 import torch
 
-from agentgym_mega.weight_sync import zmq_transport
+from agentgym_mega.weight_sync import SyncError, choose_transport
 from agentgym_mega.weight_sync.buckets import Segment, pack
-from agentgym_mega.weight_sync.zmq_transport import (
-    SyncError,
-    ZmqWeightReceiver,
-    ZmqWeightSender,
-    choose_transport,
-    endpoint,
-    rewrite_device,
-)
+from agentgym_mega.weight_sync.handles import rewrite_device
+from agentgym_mega.weight_sync.ipc_ring import RING_SLOTS, CudaIpcSender
+from agentgym_mega.weight_sync.zmq_receiver import ZmqWeightReceiver
+from agentgym_mega.weight_sync.zmq_sender import ZmqWeightSender, endpoint
 from tests.unit.weight_sync_peers import SECRET, HandMadeTrainer
 
 
@@ -74,8 +70,8 @@ def test_bucket_size_must_be_positive():
 
 
 def _roundtrip(tensors, bucket_bytes, timeout_s=10.0, address=None, cuda_ipc=False, secret=None):
-    sender = ZmqWeightSender(address, bucket_bytes=bucket_bytes, timeout_s=timeout_s, cuda_ipc=cuda_ipc,
-                             secret=secret)
+    sender = (CudaIpcSender if cuda_ipc else ZmqWeightSender)(address, bucket_bytes=bucket_bytes,
+                                                               timeout_s=timeout_s, secret=secret)
     out = {}
 
     def receive():
@@ -206,14 +202,14 @@ def test_handle_messages_go_through_a_ring_of_bucket_slots():
     # checked here and the GPU itself in tests/gpu. 58 bytes in 8-byte slots: 8 buckets, 3 slots.
     tensors = [("a", torch.arange(12.0).view(3, 4)), ("b", torch.ones(5, dtype=torch.bfloat16))]
     stats, out = _roundtrip(tensors, bucket_bytes=8, cuda_ipc=True)
-    assert stats.buckets == 8 and stats.tensors == 2 and zmq_transport.RING_SLOTS == 3
+    assert stats.buckets == 8 and stats.tensors == 2 and RING_SLOTS == 3
     for (_, sent), (_, got) in zip(tensors, out["tensors"]):
         assert got.dtype == sent.dtype and torch.equal(got, sent)
 
 
 def test_the_sender_never_runs_more_than_the_ring_ahead_of_the_engine():
     tensors = [("a", torch.arange(64.0))]  # 256 bytes: 32 buckets of 8
-    sender = ZmqWeightSender(bucket_bytes=8, timeout_s=10.0, cuda_ipc=True)
+    sender = CudaIpcSender(bucket_bytes=8, timeout_s=10.0)
     freed, ahead = [0], []
 
     def receive():

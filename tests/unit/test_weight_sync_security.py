@@ -10,8 +10,13 @@ import threading
 import pytest
 import torch
 
-from agentgym_mega.weight_sync import ZmqWeightSynchronizer, new_secret, zmq_transport
-from agentgym_mega.weight_sync.zmq_transport import SyncError, ZmqWeightReceiver, ZmqWeightSender
+from agentgym_mega.weight_sync import SyncError, new_secret, zmq_receiver
+from agentgym_mega.weight_sync.auth import proof
+from agentgym_mega.weight_sync.handles import HandleUnpickler
+from agentgym_mega.weight_sync.ipc_ring import RING_SLOTS, CudaIpcSender
+from agentgym_mega.weight_sync.zmq_receiver import ZmqWeightReceiver
+from agentgym_mega.weight_sync.zmq_sender import ZmqWeightSender
+from agentgym_mega.weight_sync.zmq_transport import ZmqWeightSynchronizer
 from tests.unit.weight_sync_peers import (
     OTHER_SECRET,
     SECRET,
@@ -70,7 +75,7 @@ def test_a_handle_over_tcp_is_refused_without_unpickling_it(tmp_path, monkeypatc
     # The trainer here holds the secret and passes the handshake: the transport alone must stop
     # the pickle. Handles are loaded the unsafe way, so only the transport check is tested.
     calls = []
-    monkeypatch.setattr(zmq_transport, "_load_handle", _unrestricted_loader(calls))
+    monkeypatch.setattr(zmq_receiver, "load_handle", _unrestricted_loader(calls))
     marker = tmp_path / "pwned"
     trainer = HandMadeTrainer([handle_message(str(marker)), [{"op": "COMMIT", "version": 7, "tensors": 1}]])
     receiver = ZmqWeightReceiver(trainer.address, timeout_s=5.0, secret=SECRET)
@@ -110,19 +115,19 @@ def test_over_ipc_a_handle_naming_anything_but_torch_is_refused(tmp_path):
 def test_genuine_handles_still_travel_over_ipc():
     # 8-byte slots: 36 bytes take 5 buckets through a ring of 3, so slots are freed and reused
     # (on CPU a handle carries its slot's bytes, on a GPU it maps the trainer's memory)
-    sender = ZmqWeightSender(cuda_ipc=True, bucket_bytes=8, timeout_s=10.0, secret=SECRET)
+    sender = CudaIpcSender(bucket_bytes=8, timeout_s=10.0, secret=SECRET)
     thread, out = _push_in_thread(sender)
     got, tensors = _receive(sender.address)
     thread.join()
     sender.close()
-    assert out["stats"].buckets == 5 > zmq_transport.RING_SLOTS and got == 7
+    assert out["stats"].buckets == 5 > RING_SLOTS and got == 7
     for (_, sent), (_, received) in zip(TENSORS, tensors):
         assert received.dtype == sent.dtype and torch.equal(received, sent)
 
 
 def test_a_sender_refuses_handles_off_ipc():
     with pytest.raises(SyncError, match="ipc:// socket file only"):
-        ZmqWeightSender("tcp://127.0.0.1:0", cuda_ipc=True, secret=SECRET)
+        CudaIpcSender("tcp://127.0.0.1:0", secret=SECRET)
 
 
 # -- 2. authenticated peers only --------------------------------------------------------------
@@ -139,7 +144,7 @@ def test_peers_without_the_secret_get_no_weights_and_the_engines_sync(tmp_path):
             challenge = peer.next()
             assert challenge["op"] == "CHALLENGE"
             if ready is None:  # a proof made with another secret
-                ready = {"op": "READY", "proof": zmq_transport.proof(
+                ready = {"op": "READY", "proof": proof(
                     OTHER_SECRET.encode(), "engine", "ab" * 16, challenge["nonce"], challenge["version"])}
             peer.send(ready)
             reply = peer.next()
@@ -191,8 +196,8 @@ def test_an_engine_reads_no_weights_from_a_trainer_without_the_secret():
 
 def test_the_synchronizer_hands_the_secret_to_each_engine():
     class Engine:
-        def update_weights(self, address, version, timeout_s, secret=None):
-            got, _ = _receive(address, secret=secret, version=version)
+        def receive_weights(self, receiver):
+            got, _ = _receive(receiver.address, secret=receiver.secret, version=receiver.version)
             self.got = got
             return got
 
@@ -299,5 +304,5 @@ def test_the_handle_unpickler_admits_what_a_cuda_handle_consists_of():
     for cls in (torch.Tensor, torch.nn.Parameter):
         handle = (rebuild_cuda_tensor, (cls, torch.Size([3, 4]), (4, 1), 0, torch.storage.TypedStorage,
                                         torch.bfloat16, 0, b"h" * 64, 96, 0, False, b"r" * 64, 0, b"e" * 64, True))
-        loaded = zmq_transport._HandleUnpickler(io.BytesIO(pickle.dumps(handle))).load()
+        loaded = HandleUnpickler(io.BytesIO(pickle.dumps(handle))).load()
         assert loaded == handle

@@ -10,7 +10,7 @@ import threading
 
 import zmq
 
-from agentgym_mega.weight_sync.zmq_transport import new_secret, proof
+from agentgym_mega.weight_sync.auth import new_secret, proof
 
 SECRET = new_secret()
 OTHER_SECRET = new_secret()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 
+from agentgym_mega.weight_sync.base import Receiver
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
@@ -44,26 +46,17 @@ class InferenceEngine(abc.ABC):
         arrives before its call starts the call at once."""
 
     @abc.abstractmethod
-    def update_weights(self, address: str, version: int, timeout_s: float,
-                       secret: str | bytes | None = None) -> int:
-        """Pulls a complete new version of the weights from a weight_sync sender at `address`
-        and swaps it in all-or-nothing; returns the version now served. `secret`: the run's
-        weight-sync secret (it arrives through Ray, never over the socket); the sender must prove
-        it holds it and the engine proves it back. Required unless `address` is an ipc:// socket
-        file. A ``{uuid}`` in `address` stands for each worker's own GPU (see device_uuids)."""
+    def receive_weights(self, receiver: Receiver) -> int:
+        """Takes a complete new version of the weights into every worker of the engine, as
+        `receiver` describes it (made by the trainer's synchronizer: the transport, where, the
+        version and the run's secret, which arrives through Ray, never over a weight socket), and
+        swaps it in all-or-nothing; returns the version now served. On failure the engine serves
+        its previous weights."""
 
     @abc.abstractmethod
     def device_uuids(self) -> list[str | None]:
         """The physical GPU (CUDA device UUID) of each of the engine's workers, None on CPU:
         CUDA IPC pairs each worker with the trainer rank on the same GPU."""
-
-    @abc.abstractmethod
-    def update_weights_collective(self, group: dict, first_rank: int, version: int,
-                                  secret: str | bytes) -> int:
-        """Receives a version over the collective transport (weight_sync.collective): every
-        worker of the engine joins the `group` (a GroupSpec as a dict) as rank `first_rank` +
-        its own rank, and the version is kept only if every member of the group took it;
-        otherwise the engine serves its previous weights. Returns the version now served."""
 
     @abc.abstractmethod
     def sleep(self) -> None:

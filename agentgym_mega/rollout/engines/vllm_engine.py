@@ -5,8 +5,9 @@ from many threads at once (each episode of an asynchronous rollout asks for its 
 and every request joins the engine's running batch as soon as it arrives (continuous batching).
 
 Weight updates run inside vLLM's workers through a worker extension
-(:class:`agentgym_mega.weight_sync.vllm_loader.VLLMWeightLoader`): each worker connects to the
-trainer's ZMQ sender itself, so weights never pass through the engine's front-end process.
+(:class:`agentgym_mega.weight_sync.vllm_loader.VLLMWeightLoader`): each worker takes the weights
+from the trainer itself, as the synchronizer's receiver says, so weights never pass through the
+engine's front-end process.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import threading
 from agentgym_mega import platform
 from agentgym_mega.network import reachable_ip
 from agentgym_mega.rollout.engines.base import Generation, InferenceEngine, SamplingConfig
-from agentgym_mega.weight_sync.zmq_transport import SyncError
+from agentgym_mega.weight_sync.base import Receiver, SyncError
+
+# vllm (heavy) and ray (an engine also runs in-process, without Ray) are imported where used.
 
 LOADER = "agentgym_mega.weight_sync.vllm_loader.VLLMWeightLoader"
 CPU_STEP_TOKENS = 4096  # vLLM's own CPU default budget of tokens per engine step
@@ -54,8 +57,8 @@ class VLLMEngine(InferenceEngine):
             # which vLLM's CPU platform allows only with this variable off. Its mp executor's
             # separate worker busy-waits on a message queue for a second after every message, half
             # a core on a 2-core machine while the trainer computes. With uniproc, make demo's
-            # log-prob passes and the engine's start got shorter, with the same seeded tokens
-            # (docs/results.md).
+            # log-prob passes ran faster and the engine started sooner, with the same seeded
+            # tokens (docs/results.md).
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         args = AsyncEngineArgs(
             model=model,
@@ -158,18 +161,12 @@ class VLLMEngine(InferenceEngine):
         # Cancelling the call's task cancels vLLM's generate, which aborts its requests in the engine.
         call.cancel()
 
-    def update_weights(self, address: str, version: int, timeout_s: float = 120.0,
-                       secret: str | bytes | None = None) -> int:
-        return self._serving(version, self.run(self.llm.collective_rpc(
-            "agm_receive_weights", args=(address, version, timeout_s, secret))))
+    def receive_weights(self, receiver: Receiver) -> int:
+        return self._serving(receiver.version, self.run(self.llm.collective_rpc(
+            "agm_receive_weights", args=(receiver.as_dict(),))))
 
     def device_uuids(self) -> list[str | None]:
         return self.run(self.llm.collective_rpc("agm_device_uuid"))
-
-    def update_weights_collective(self, group: dict, first_rank: int, version: int,
-                                  secret: str | bytes) -> int:
-        return self._serving(version, self.run(self.llm.collective_rpc(
-            "agm_receive_collective", args=(group, first_rank, version, secret))))
 
     def _serving(self, version: int, errors: list[str | None]) -> int:
         """After a weight update: `errors`, one per worker (None: took it)."""

@@ -1,0 +1,103 @@
+"""The one place that knows every transport: it resolves weight_sync.transport (`auto`
+included) for the trainer ranks and for the memory planner alike, builds each trainer rank's
+synchronizer, and reads an engine worker's receiver back from the dict it travelled as.
+Adding a transport means a module of its own, an entry here, and nothing outside weight_sync/."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch.distributed as dist
+
+from agentgym_mega.network import reachable_ip
+from agentgym_mega.weight_sync.auth import new_secret
+from agentgym_mega.weight_sync.base import Receiver, SyncError, WeightSynchronizer
+from agentgym_mega.weight_sync.collective import CollectiveJoin, CollectiveWeightSynchronizer
+from agentgym_mega.weight_sync.cuda_ipc import CudaIpcWeightSynchronizer
+from agentgym_mega.weight_sync.ipc_ring import RING_SLOTS
+from agentgym_mega.weight_sync.ranks import gather_json
+from agentgym_mega.weight_sync.zmq_sender import endpoint, socket_directory
+from agentgym_mega.weight_sync.zmq_transport import ZmqReceiver, ZmqWeightSynchronizer
+
+# ray is imported where used: the planner and the vLLM workers import this module without Ray.
+
+RECEIVERS: dict[str, type[Receiver]] = {cls.kind: cls for cls in (ZmqReceiver, CollectiveJoin)}
+
+
+def choose_transport(transport: str, trainer_node: str, engine_nodes: Sequence[str], cuda: bool) -> str:
+    """weight_sync.transport with `auto` resolved, for engine workers on `engine_nodes` (node ids,
+    compared with the trainer's `trainer_node`); see config.WeightSyncConfig for what each means."""
+    remote = sorted(set(engine_nodes) - {trainer_node})
+    if transport == "auto":
+        transport = "collective" if remote else "cuda_ipc" if cuda else "ipc"
+    if transport in ("ipc", "cuda_ipc") and remote:
+        raise SyncError(f"weight_sync.transport={transport} reaches engines on the trainer's node "
+                        f"({trainer_node}) only, but engine workers run on {', '.join(remote)}: "
+                        "use collective, tcp or auto")
+    if transport == "cuda_ipc" and not cuda:
+        raise SyncError("weight_sync.transport=cuda_ipc needs GPUs; this trainer has none: use ipc or auto")
+    return transport
+
+
+def device_buckets(transport: str) -> tuple[int, int]:
+    """Buckets a resolved `transport` holds in device memory: (on a sending trainer rank, on an
+    engine worker). The collective packs into two on each side (one filling, one in flight);
+    CUDA IPC lends the engines a ring of them; ZMQ moves bytes through host memory."""
+    return {"collective": (2, 2), "cuda_ipc": (RING_SLOTS, 0)}.get(transport, (0, 0))
+
+
+def receiver_of(data: dict) -> Receiver:
+    """A receiver from its as_dict() form (how it reaches each vLLM worker)."""
+    fields = dict(data)
+    kind = fields.pop("kind", None)
+    if kind not in RECEIVERS:
+        raise SyncError(f"unknown weight-sync receiver {kind!r}: known {', '.join(sorted(RECEIVERS))}")
+    return RECEIVERS[kind](**fields)
+
+
+def _engine_nodes(engines: Sequence) -> list[str]:
+    import ray
+
+    return [e["node_id"] for e in ray.get([e.health.remote() for e in engines])]
+
+
+def _trainer_node() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def for_trainer_rank(options, engines: Sequence, engine_nodes: Sequence[str] | None, *, workers_per_engine: int,
+                     stage: int | None, cuda: bool) -> WeightSynchronizer | None:
+    """This trainer rank's synchronizer; every rank calls it at once (the first sync, when the
+    engines' nodes are known). Rank 0 resolves the transport (`options`: config.WeightSyncConfig)
+    and draws the run's secret (it reaches the engines through Ray inside their receivers, never
+    over a weight socket), then tells the other ranks. `stage`: this rank's pipeline stage if it
+    sends that stage over the collective transport (its first TP rank of the first data-parallel
+    replica), else None. When rank 0 cannot set the sync up it raises why, and the other ranks
+    get None: they skip this sync (rank 0 exports nothing for them to join) and try again at the
+    next one, as rank 0 does."""
+    choice, error = None, None
+    if dist.get_rank() == 0:
+        try:
+            transport = choose_transport(options.transport, _trainer_node(), engine_nodes or _engine_nodes(engines),
+                                         cuda)
+            directory = socket_directory() if transport == "cuda_ipc" else None  # of the per-GPU sockets
+            choice = (transport, new_secret(), directory)
+        except Exception as exc:  # noqa: BLE001 - raised below, once the other ranks know
+            error, choice = exc, (None, None, None)
+    transport, secret, directory = gather_json(choice)[0]  # every rank gets here, even when rank 0 failed
+    if error is not None:
+        raise error
+    if transport is None:
+        return None
+    bucket_bytes, timeout_s = options.bucket_mb << 20, options.timeout_s
+    if transport == "collective":
+        return CollectiveWeightSynchronizer(stage, reachable_ip(), secret, bucket_bytes=bucket_bytes,
+                                            timeout_s=timeout_s, workers_per_engine=workers_per_engine)
+    if transport == "cuda_ipc":
+        return CudaIpcWeightSynchronizer(directory, secret, bucket_bytes=bucket_bytes, timeout_s=timeout_s)
+    sends = dist.get_rank() == 0
+    return ZmqWeightSynchronizer(endpoint(transport, reachable_ip()) if sends else None, bucket_bytes=bucket_bytes,
+                                 timeout_s=timeout_s, workers_per_engine=workers_per_engine, secret=secret,
+                                 sends=sends)
