@@ -15,13 +15,13 @@ answers a bare integer (the episode of task `id` started), later requests carry 
 
 from __future__ import annotations
 
+from envs.deepsearch import retriever, tasks
+from envs.deepsearch.env import DeepSearchEnv
+from envs.environment import InvalidCreate, Kind, Task
+
 
 def configure(opts):
     """The Kind for validated `options.Options`: the questions loaded, the retriever opened."""
-    from envs.deepsearch import retriever, tasks
-    from envs.deepsearch.env import DeepSearchEnv
-    from envs.environment import InvalidCreate, Kind, Task
-
     questions = tasks.load(opts.data_dir)
     search = retriever.CoalescingRetriever(retriever.open_retriever(opts))
     catalogue = [Task(i, q.source, q.split) for i, q in enumerate(questions)]
