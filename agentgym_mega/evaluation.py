@@ -13,6 +13,10 @@ import os
 import tempfile
 
 import envs
+from agentgym_mega.rollout.tasks import select_tasks
+
+# The stack (Ray, torch) and the converter are imported where used: the CLI imports this module
+# when it starts.
 
 
 def _scores(episodes) -> dict:
@@ -98,7 +102,6 @@ def evaluate(cfg, model_dir: str, n: int, split: str, limit: int | None, max_tur
     """Avg@n, Pass@n and success of the HF model in `model_dir` on `split` (its first `limit`
     tasks, `max_turns` or the environment's evaluation limit), through the run's env servers and
     engines."""
-    from agentgym_mega.rollout.tasks import select_tasks
     from agentgym_mega.stack import Stack
 
     max_turns = max_turns or envs.eval_max_turns(cfg.env.name)

@@ -7,6 +7,9 @@ import os
 import time
 from contextlib import contextmanager
 
+# TensorBoard and matplotlib are imported where they are used: TensorBoard only with
+# logging.tensorboard, matplotlib for the one plot at a run's end, not at the driver's start-up.
+
 
 def episode_metrics(batch) -> dict:
     """Reward, success, turns, lengths and how episodes ended, over a rollout batch. Reward,

@@ -6,8 +6,8 @@ BPE tokenizer on the transcripts, and fits a tiny Llama by next-token loss on th
 only. Transcripts are tokenised turn by turn exactly as the rollout manager builds its episodes
 (:class:`ChatTurns`), so RL starts from token sequences the model has seen.
 
-Light on import (torch and the model are loaded when used): the CLI reads `PLAYABLE` to build
-its parser.
+Light on import (torch and the rollout manager, which imports it, are imported where used): the
+CLI reads `PLAYABLE` to build its parser.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ import string
 import time
 from typing import TYPE_CHECKING
 
+from agentgym_mega.models.tiny import TinySpec, build_model, save_model, train_tokenizer
+from envs import load_kind
+
 if TYPE_CHECKING:
-    from agentgym_mega.models.tiny import TinySpec
     from agentgym_mega.rollout.manager import ChatTurns
 
 
@@ -80,8 +82,6 @@ def random_play(env_name: str, task_ids: list[int], episodes: int, max_turns: in
     uniformly random valid replies, cycling through ``task_ids``, and their scores."""
     if env_name not in PLAYABLE:
         raise ValueError(f"random play needs a random valid reply; env {env_name!r} not in {', '.join(PLAYABLE)}")
-    from envs import load_kind
-
     rng = random.Random(seed)
     kind = load_kind(env_name)
     play = PLAYERS[env_name]
@@ -143,7 +143,6 @@ def pretrain(out: str, spec: TinySpec, cfg: PretrainConfig, log=print) -> dict:
     """Writes the pretrained HF model directory at ``out``; returns a summary of the run."""
     import torch
 
-    from agentgym_mega.models.tiny import build_model, save_model, train_tokenizer
     from agentgym_mega.rollout.manager import ChatTurns
 
     start = time.perf_counter()

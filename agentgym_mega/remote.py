@@ -6,6 +6,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
+# Ray is imported only when a Ray handle is called (a process holding one has loaded it): the
+# in-process callers (tools, tests, `pretrain-tiny` through the rollout manager) never load it.
+
 
 def call_async(pool: ThreadPoolExecutor, target, method: str, *args, **kwargs) -> Callable[..., object]:
     """Starts `target.method(*args, **kwargs)` without waiting; returns a function that waits for

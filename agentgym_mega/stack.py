@@ -15,6 +15,15 @@ import ray
 
 from agentgym_mega import platform
 from agentgym_mega.cluster import CriticGroup, Placement, PolicyGroup, TrainerRanks, offload_on, roles
+from agentgym_mega.memory_plan import read_architecture
+from agentgym_mega.rollout.engines.vllm_engine import launch_remote
+from agentgym_mega.rollout.env_client import EnvClient, start_servers
+from agentgym_mega.rollout.manager import RolloutManager
+from agentgym_mega.rollout.tasks import select_tasks
+from envs.limits import SECRET_ENV
+
+# transformers is imported where the tokenizer is loaded, after the engines are launched: its
+# import takes seconds, which then overlap the engines' start-up.
 
 log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 30.0  # an engine that does not answer this long after a failed sync counts as dead
@@ -25,9 +34,6 @@ def env_servers(cfg, options=None) -> tuple[list, list[str], str | None]:
     $AGENTGYM_MEGA_SECRET (if their servers were given one), or `env.num_servers` servers
     started here with a fresh secret, which they require of every request (they bind the node's
     address on a multi-node cluster). `options(i)`: server i's Ray actor options."""
-    from agentgym_mega.rollout.env_client import start_servers
-    from envs.limits import SECRET_ENV
-
     if cfg.env.server_urls:
         return [], list(cfg.env.server_urls), os.environ.get(SECRET_ENV) or None
     secret = secrets.token_urlsafe(32)
@@ -76,14 +82,8 @@ class Stack:
             stack.shutdown()
 
     def _start(self, env: bool, trainers: bool, engine_model: str) -> None:
-        from agentgym_mega.rollout.engines.vllm_engine import launch_remote
-        from agentgym_mega.rollout.env_client import EnvClient
-        from agentgym_mega.rollout.tasks import select_tasks
-
         cfg = self.cfg
         if cfg.model.architecture and trainers:
-            from agentgym_mega.memory_plan import read_architecture
-
             read_architecture(cfg.model)  # a recipe's model facts must be those of the checkpoint it names
         self._init_ray(env)
         gpus = ray.cluster_resources().get("GPU", 0) >= 1
@@ -117,8 +117,6 @@ class Stack:
 
     def _start_rollout(self, env: bool, engine_model: str) -> None:
         from transformers import AutoTokenizer
-
-        from agentgym_mega.rollout.manager import RolloutManager
 
         self.tokenizer = AutoTokenizer.from_pretrained(engine_model)
         if env:

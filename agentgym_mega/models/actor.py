@@ -14,6 +14,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
 from agentgym_mega.models.worker import ModelWorker
 
@@ -141,8 +143,6 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, vocab: int, te
 def _per_token(head, logits, input_ids, vocab: int, temperature: float, positions) -> tuple[torch.Tensor, ...]:
     """Runs ``head(logits, targets, vocab, temperature, group)`` on the rows that have targets
     and lays each ``[rows]`` result out as ``[b, T]``."""
-    from megatron.core import parallel_state
-
     group = parallel_state.get_tensor_model_parallel_group()
     group = group if torch.distributed.get_world_size(group) > 1 else None
     # The logits at t predict input_ids[t + 1]. The last position's have no target: they get a
@@ -175,8 +175,6 @@ class MegatronActor(ModelWorker):
     def full_logits(self, input_ids: torch.Tensor, micro_batch_size: int | None = None) -> torch.Tensor:
         """``[B, T, vocab]`` logits gathered over TP, padding dropped: for parity checks and the
         conversion tools only (training never gathers the vocabulary)."""
-        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
         vocab = self.hf_config.vocab_size
 
         def head(logits, mb):  # [s, b, V / tp] -> [b, s, V]

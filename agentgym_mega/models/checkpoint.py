@@ -26,6 +26,9 @@ from agentgym_mega import files, platform
 from agentgym_mega.errors import BadInput
 from agentgym_mega.models import weights
 
+# megatron is imported inside the functions that use it: the trainer's driver imports this module
+# for checkpoint paths and metadata and never builds a model.
+
 LATEST = "latest"
 META = "meta.json"
 HF_SIDE_FILES = "hf"

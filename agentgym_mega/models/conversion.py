@@ -14,11 +14,22 @@ input (missing file, unsupported architecture, a tensor of the wrong shape) come
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import torch
+import torch.distributed as dist
 
+from agentgym_mega import platform
+from agentgym_mega.config import validate
 from agentgym_mega.errors import BadInput
+from agentgym_mega.models import checkpoint, gpt, mapping, weights
+from agentgym_mega.models.checkpoint import CheckpointError
+from agentgym_mega.platform.local_ranks import run_on_local_ranks
+
+# megatron (through `models.actor`) and transformers are imported inside the functions that use
+# them: the process that spawns the ranks (the convert CLI, the trainer's driver exporting a
+# checkpoint for evaluation) builds no model.
 
 PROMPTS = [
     "Your goal: go to the red ball",
@@ -28,15 +39,12 @@ PROMPTS = [
 
 
 def _config(tp: int, pp: int, hf_config):
-    from agentgym_mega.config import validate
-
     # Keep the checkpoint's own precision, so that conversion is lossless.
     dtype = "bfloat16" if getattr(hf_config, "dtype", None) in (torch.bfloat16, "bfloat16") else "float32"
     return validate({"parallel": {"world_size": tp * pp, "tp": tp, "pp": pp}, "model": {"dtype": dtype}})
 
 
 def _actor(hf_dir: str, tp: int, pp: int, load_weights: bool = True):
-    from agentgym_mega.models import gpt
     from agentgym_mega.models.actor import MegatronActor
 
     return MegatronActor(hf_dir, _config(tp, pp, gpt.load_hf_config(hf_dir)), trainable=False,
@@ -44,8 +52,6 @@ def _actor(hf_dir: str, tp: int, pp: int, load_weights: bool = True):
 
 
 def _from_checkpoint(ckpt: str, tp: int, pp: int):
-    from agentgym_mega.models import checkpoint
-
     path = checkpoint.resolve(ckpt)
     if checkpoint.read_meta(path)["value_head"]:
         raise checkpoint.CheckpointError(f"{path}: a critic checkpoint (value head) has no HF causal-LM form")
@@ -64,12 +70,6 @@ def do_export(ckpt: str, out: str, tp: int, pp: int) -> dict:
 
 def do_roundtrip(hf: str, tp: int, pp: int) -> dict:
     """HF -> megatron checkpoint -> HF, through disk both ways; every tensor compared bitwise."""
-    import shutil
-
-    import torch.distributed as dist
-
-    from agentgym_mega.models import gpt, mapping, weights
-
     box = [tempfile.mkdtemp(prefix="roundtrip-") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box)
     work = box[0]
@@ -109,8 +109,6 @@ COMMANDS = {"import": do_import, "export": do_export, "roundtrip": do_roundtrip,
 
 def _run_rank(command: str, kwargs: dict) -> dict:
     """One rank's work; bad input comes back as {"error": message} rather than a traceback."""
-    from agentgym_mega import platform
-
     platform.init_distributed(tp=kwargs["tp"], pp=kwargs["pp"], seed=0)
     try:
         return COMMANDS[command](**kwargs)
@@ -120,8 +118,6 @@ def _run_rank(command: str, kwargs: dict) -> dict:
 
 def _check_inputs(hf: str | None, ckpt: str | None) -> None:
     """Cheap checks before any rank starts: the directories and the architecture."""
-    from agentgym_mega.models import checkpoint, gpt, mapping
-
     if hf:
         if not os.path.isfile(os.path.join(hf, "config.json")):
             raise FileNotFoundError(f"{hf}: no config.json (not a Hugging Face model directory)")
@@ -141,16 +137,12 @@ def run(command: str, **kwargs) -> dict:
         if int(os.environ["WORLD_SIZE"]) != world:
             raise BadInput(f"torchrun started {os.environ['WORLD_SIZE']} ranks; --tp * --pp = {world}")
         return _run_rank(command, kwargs)
-    from agentgym_mega.platform.local_ranks import run_on_local_ranks
-
     return run_on_local_ranks(_run_rank, world, command, kwargs)[0]
 
 
 def export_hf(ckpt: str, out: str, tp: int = 1, pp: int = 1) -> str:
     """Writes megatron checkpoint ``ckpt`` (a directory, or a root with ``latest``) as the HF
     directory ``out`` and returns ``out``; raises CheckpointError naming what is wrong."""
-    from agentgym_mega.models.checkpoint import CheckpointError
-
     result = run("export", ckpt=ckpt, out=out, tp=tp, pp=pp)
     if "error" in result:
         raise CheckpointError(result["error"])

@@ -18,6 +18,9 @@ import torch
 from agentgym_mega import platform
 from agentgym_mega.models import mapping
 
+# transformers and megatron are imported inside the functions that use them: the planner
+# (memory_plan) and the trainer's driver import this module and never build a model.
+
 # Vocabulary rows are padded to a multiple of this (and of TP): a fixed multiple keeps the padded
 # size, and so every checkpoint's tensor shapes, the same across TP sizes that divide it.
 VOCAB_MULTIPLE = 128

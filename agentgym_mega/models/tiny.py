@@ -12,6 +12,11 @@ import dataclasses
 import json
 import os
 
+from agentgym_mega.files import atomic_dir, commit_dir
+
+# tokenizers, transformers, torch and the environments' text (minigrid) are imported inside the
+# functions that use them: the CLI imports `TinySpec` to build its parser.
+
 # Qwen's chat markup: every turn is `<|im_start|>role\n...<|im_end|>\n`; generation ends on <|im_end|>.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -142,8 +147,6 @@ def save_model(model, tokenizer, spec: TinySpec, out: str, extra: dict | None = 
     ``extra`` JSON files by name) atomically: it appears complete or not at all, replacing any
     previous one, so an interrupted run never leaves a directory that looks loadable."""
     from transformers import GenerationConfig
-
-    from agentgym_mega.files import atomic_dir, commit_dir
 
     tmp = atomic_dir(out)
     model.save_pretrained(tmp, safe_serialization=True)

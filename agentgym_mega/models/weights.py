@@ -23,10 +23,15 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from agentgym_mega import files
 from agentgym_mega.models import gpt, mapping
 from agentgym_mega.models.mapping import MappingError
+
+# megatron is imported inside the functions that use it: the trainer's driver imports this module
+# (through `checkpoint`) and never builds a model.
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 SHARD_BYTES = 2 << 30
@@ -53,8 +58,6 @@ class HFCheckpoint:
             with open(index) as f:
                 self.files = {k: os.path.join(hf_dir, v) for k, v in json.load(f)["weight_map"].items()}
         elif os.path.exists(single):
-            from safetensors import safe_open
-
             with safe_open(single, framework="pt") as f:
                 self.files = {k: single for k in f.keys()}
         else:
@@ -63,8 +66,6 @@ class HFCheckpoint:
     def get(self, name: str, part: tuple[int, int, int] | None = None) -> torch.Tensor:
         """The tensor ``name``, or only ``part`` of it (``(dim, start, stop)``, see
         :func:`mapping.shard_reads`): a slice read from the file, never the whole tensor."""
-        from safetensors import safe_open
-
         if name not in self.files:
             raise MappingError(f"{name}: missing from {self.dir}")
         with safe_open(self.files[name], framework="pt") as f:
@@ -270,8 +271,6 @@ def save_hf(model, hf_config, side_files_dir: str, out: str, shard_bytes: int = 
     """Writes the model as an HF directory (safetensors shards + index, config, tokenizer) at
     ``out``, atomically; a critic as its token-classification model (see the module docstring).
     Collective; global rank 0 writes. Returns ``out`` on rank 0."""
-    from safetensors.torch import save_file
-
     writer = dist.get_rank() == 0
     tmp = files.atomic_dir(out) if writer else None
     shards, current, size, weight_map = [], {}, 0, {}

@@ -21,6 +21,11 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from agentgym_mega.models import checkpoint, gpt, offload, weights
 from agentgym_mega.models.micro_batches import fixed_bins, padded_width, token_bins
@@ -35,12 +40,10 @@ ModelKwargsFn = Callable[[dict], dict]
 @functools.cache
 def data_parallel() -> type:
     """megatron's ``DistributedDataParallel`` minus the gradient reduction over a data-parallel
-    group of one rank (defined on first use: megatron is imported only when a model is built).
+    group of one rank.
     There the reduction is an identity (per-token losses keep every gradient scaling factor at
     1, and the grads are reduced synchronously), yet gloo still runs it as a clone of the whole
     gradient buffer and a copy back, a cost every step pays for nothing (docs/results.md)."""
-    from megatron.core.distributed import DistributedDataParallel
-
     class DataParallel(DistributedDataParallel):
         def finish_grad_sync(self, force_all_reduce: bool = False):
             if self.dp_cp_group.size() > 1 or self.expert_parallel_bucket_groups:
@@ -59,8 +62,6 @@ class ModelWorker:
                  load_weights: bool = True):
         """``hf_dir``: the HF model (config, tokenizer and, with ``load_weights``, the weights;
         without, the weights come from :meth:`load_checkpoint`)."""
-        from megatron.core.distributed import DistributedDataParallelConfig, finalize_model_grads
-
         self.hf_dir = hf_dir
         self.hf_config = gpt.load_hf_config(hf_dir)
         self.layout = gpt.Layout.of(cfg.parallel)
@@ -102,9 +103,6 @@ class ModelWorker:
         self.optimizer, self.scheduler = self._build_optimizer(cfg.trainer)
 
     def _build_optimizer(self, trainer):
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
         optimizer = get_megatron_optimizer(
             OptimizerConfig(
                 optimizer="adam",
@@ -138,8 +136,6 @@ class ModelWorker:
 
     def dp_slice(self, batch: dict) -> dict:
         """This DP rank's contiguous share of a whole batch (every rank is given the whole batch)."""
-        from megatron.core import parallel_state
-
         dp, rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
         size = len(batch["input_ids"])
         if size % dp:
@@ -149,8 +145,6 @@ class ModelWorker:
 
     def dp_gather(self, local: torch.Tensor) -> torch.Tensor:
         """The DP slices' results concatenated in DP rank order (the inverse of dp_slice)."""
-        from megatron.core import parallel_state
-
         group = parallel_state.get_data_parallel_group()
         if dist.get_world_size(group) == 1:
             return local.cpu()
@@ -183,8 +177,6 @@ class ModelWorker:
         given, else the configured token budget or micro-batch size. Token-budget bins are as
         many on every DP rank (the most any needs), so that all run the same schedule."""
         if micro_batch_size is None and self.max_tokens is not None:
-            from megatron.core import parallel_state
-
             bins = token_bins(lengths, self.max_tokens, self.width_multiple)
             most = torch.tensor([len(bins)], device=next(self.model.parameters()).device)
             dist.all_reduce(most, op=dist.ReduceOp.MAX, group=parallel_state.get_data_parallel_group())
@@ -201,8 +193,6 @@ class ModelWorker:
         its results, on every rank. With ``forward_only=False`` the losses are backpropagated
         (grads accumulate). ``model_kwargs`` gives the model's forward keywords for a
         micro-batch (the policy's logit rows)."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
         size, seq = batch["input_ids"].shape
         mask = batch.get("attention_mask")
         lengths = mask.sum(-1).tolist() if mask is not None else [seq] * size
@@ -233,8 +223,6 @@ class ModelWorker:
         return bins, self._from_last_stage(results)
 
     def _from_last_stage(self, results: list[dict]) -> list[dict]:
-        from megatron.core import parallel_state
-
         group = parallel_state.get_pipeline_model_parallel_group()
         ranks = dist.get_process_group_ranks(group)
         if len(ranks) == 1:
@@ -263,8 +251,6 @@ class ModelWorker:
         up over micro-batches and DP ranks, and the step's loss is their global ratio (megatron
         divides the gradients by the global count). Returns each metric's total over the global
         count, with ``loss``, grad norm and lr."""
-        from megatron.core import parallel_state
-
         def counted(out, mb):
             total, count, metrics = head(out, mb)
             count = count.to(torch.int)  # megatron adds the counts up in an int tensor

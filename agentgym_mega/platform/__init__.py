@@ -16,6 +16,9 @@ import torch.distributed as dist
 
 from agentgym_mega.platform import cpu_megatron
 
+# megatron is imported inside the functions that use it: the trainer's driver and the vLLM engines
+# import this module for the device and vLLM's environment, and build no megatron model.
+
 
 def has_cuda() -> bool:
     return torch.cuda.is_available()

@@ -28,6 +28,9 @@ import time
 import torch
 from torch.overrides import TorchFunctionMode
 
+# megatron is imported inside the functions that patch it: `platform` imports this module in
+# every process, megatron is imported only by those that build a model.
+
 _CPU = torch.device("cpu")
 _CUDA_TYPE_NAMES = {
     "torch.FloatTensor": "torch.cuda.FloatTensor",

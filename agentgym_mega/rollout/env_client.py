@@ -22,8 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
+from agentgym_mega.network import reachable_ip
 from envs import limits
 from envs.environment import Task
+
+# Ray and the server side (FastAPI, uvicorn) are imported by `start_servers` alone: processes that
+# import this module but start no servers (`bench env`, `pretrain-tiny`) need neither.
 
 DEFAULT_TIMEOUT_S = 600.0
 _ENVELOPE = len(b'{"ops":[]}')
@@ -270,7 +274,6 @@ def start_servers(env: str, num_servers: int, max_instances: int | None = None, 
     """
     import ray
 
-    from agentgym_mega.network import reachable_ip
     from agentgym_mega.rollout.env_server_actor import EnvServerActor
     from envs.server import check_secret, is_loopback
 

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+import envs
 from agentgym_mega.remote import call_async
 from agentgym_mega.rollout.batch import UNTRAINED, Episode, TrajectoryBatch
 from agentgym_mega.rollout.engines import SamplingConfig
@@ -153,8 +154,6 @@ def instruction_for(env_cfg) -> str | None:
     environment's own."""
     if env_cfg.instruction is not None:
         return env_cfg.instruction or None
-    import envs
-
     return envs.instruction(env_cfg.name)
 
 

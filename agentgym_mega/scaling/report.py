@@ -17,6 +17,8 @@ import os
 
 from agentgym_mega.files import write_text_atomic
 
+# matplotlib is imported by `plot` only: the CLI imports this module at start-up.
+
 # phase -> the trainer's timer metrics it sums
 PHASES = {"rollout": ("time/rollout_s",), "logprob": ("time/logprob_s", "time/values_s"),
           "train": ("time/train_s",), "sync": ("time/sync_s",)}

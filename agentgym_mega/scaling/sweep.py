@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from ray.cluster_utils import Cluster
+
 from agentgym_mega.cluster import Placement
 from agentgym_mega.config import ConfigError, load_config
 from agentgym_mega.errors import BadInput
@@ -141,8 +143,6 @@ def run_local(point: Point, cfg, command: list[str], log_path: str, joining: boo
     with open(log_path, "w") as log:
         if joining:
             return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
-        from ray.cluster_utils import Cluster
-
         nodes = point.nodes or 1
         cpus = per_node or cpus_per_node(cfg, nodes)
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "num_gpus": 0})

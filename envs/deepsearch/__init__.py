@@ -15,12 +15,16 @@ answers a bare integer (the episode of task `id` started), later requests carry 
 
 from __future__ import annotations
 
+from envs.environment import InvalidCreate, Kind, Task
+
+# The CLI and the trainer import this package for `options`: the episode, the question loader and
+# the retriever are imported by `configure`, on the env server.
+
 
 def configure(opts):
     """The Kind for validated `options.Options`: the questions loaded, the retriever opened."""
     from envs.deepsearch import retriever, tasks
     from envs.deepsearch.env import DeepSearchEnv
-    from envs.environment import InvalidCreate, Kind, Task
 
     questions = tasks.load(opts.data_dir)
     search = retriever.CoalescingRetriever(retriever.open_retriever(opts))

@@ -41,7 +41,8 @@ from envs.pool import require_count
 log = logging.getLogger(__name__)
 
 # Light on import (the CLI and the trainer read the constants): numpy, requests, tqdm, bm25s,
-# faiss and sentence-transformers are imported where they are used.
+# faiss, torch, sentence-transformers and the web server stack (`envs.server`) are imported where
+# they are used.
 
 FORMAT = 1  # of the index directory; load_index refuses others
 MANIFEST = "retriever.json"

@@ -9,6 +9,9 @@ import functools
 import json
 import os
 
+from scienceworld import ScienceWorldEnv
+from scienceworld.constants import ID2TASK
+
 EXCLUDED = ("5-1", "5-2", "9-1", "9-2", "9-3", "10-1", "10-2")
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tasks.json")
 
@@ -21,9 +24,6 @@ def catalogue() -> list[dict]:
 
 
 def build() -> list[dict]:
-    from scienceworld import ScienceWorldEnv
-    from scienceworld.constants import ID2TASK
-
     env = ScienceWorldEnv()
     try:
         entries = []

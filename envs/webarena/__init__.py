@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import atexit
 
+from envs.environment import Kind, Task
+from envs.webarena.options import chromium_path
+
+# The CLI and the trainer import this package for `options`: Playwright (the browser and the
+# episode), requests (the evaluators' judge) and the shipped shop are imported by `configure`.
+
 
 def configure(opts):
     """The Kind for validated `options.Options`: tasks loaded, the shop started, the browser made."""
-    from envs.environment import Kind, Task
     from envs.webarena import evaluators, tasks
     from envs.webarena.browser import Browser
     from envs.webarena.env import Shared, WebArenaEnv
-    from envs.webarena.options import chromium_path
 
     sites = dict(opts.sites)
     if "shopping" not in sites:
