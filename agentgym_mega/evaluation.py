@@ -13,6 +13,7 @@ import os
 import tempfile
 
 import envs
+from agentgym_mega.rollout.batch import Status
 
 
 def _scores(episodes) -> dict:
@@ -39,8 +40,8 @@ def summarize(episodes, n: int) -> dict:
         "n": n,
         "overall": _scores(episodes),
         "categories": {c: _scores(eps) for c, eps in sorted(categories.items())},
-        "env_errors": sum(e.status == "env_error" for e in episodes),
-        "timeouts": sum(e.status == "timeout" for e in episodes),
+        "env_errors": sum(e.status == Status.ENV_ERROR for e in episodes),
+        "timeouts": sum(e.status == Status.TIMEOUT for e in episodes),
     }
 
 

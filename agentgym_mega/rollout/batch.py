@@ -8,11 +8,24 @@ same structure, split along the batch dimension into mini-batches.
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import torch
 
+
+class Status(enum.StrEnum):
+    """How an episode ended. A str enum: it compares equal to, prints and saves as its value
+    ("done", ...), so metrics keys, JSON reports and saved rollouts read the same plain strings."""
+
+    DONE = "done"  # the env said done
+    HORIZON = "horizon"  # the turn cap ended it
+    TRUNCATED = "truncated"  # the context limit (max_model_len) ended it
+    ENV_ERROR = "env_error"  # the env server failed
+    TIMEOUT = "timeout"  # the episode's wall-clock limit or an env step's timeout ended it
+
+
 # Statuses of episodes that say nothing about the policy: counted, never trained on.
-UNTRAINED = ("env_error", "timeout")
+UNTRAINED = (Status.ENV_ERROR, Status.TIMEOUT)
 # The [B, T] fields a rollout fills, and those the later stages add.
 ROLLOUT_FIELDS = ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs", "rewards", "weight_versions")
 LATER_FIELDS = ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
@@ -26,10 +39,7 @@ class Episode:
     score: float  # the environment's episode score on [0, 1] (envs.server: episode_score)
     success: bool  # what the environment calls success (envs.server: success)
     turns: int
-    # "done": the env said done; "horizon": the turn cap ended it; "truncated": the context
-    # limit (max_model_len) ended it; "env_error": the env server failed; "timeout": the episode's
-    # wall-clock limit or an env step's timeout ended it (the last two are UNTRAINED).
-    status: str
+    status: Status
     response_tokens: int  # tokens the policy generated (the loss-masked ones)
     error: str | None = None
 
@@ -108,9 +118,11 @@ class TrajectoryBatch:
         a checkpoint keeps the rollout that the next step trains on (one-step off-policy)."""
         self._require_rollout_only("state")
         return {**{name: getattr(self, name) for name in ROLLOUT_FIELDS}, "group_ids": self.group_ids,
-                "scores": self.scores, "episodes": [dataclasses.asdict(e) for e in self.episodes]}
+                "scores": self.scores,
+                # the status as a plain str: weights_only loading refuses an enum class
+                "episodes": [dataclasses.asdict(e) | {"status": str(e.status)} for e in self.episodes]}
 
     @classmethod
     def from_state(cls, state: dict) -> "TrajectoryBatch":
         return cls(**{k: v for k, v in state.items() if k != "episodes"},
-                   episodes=[Episode(**e) for e in state["episodes"]])
+                   episodes=[Episode(**e | {"status": Status(e["status"])}) for e in state["episodes"]])
