@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from agentgym_mega.models.worker import ModelWorker
+from agentgym_mega.models.shard import ModelShard
 
 # Padded vocabulary rows are not tokens: their logits are pushed to a value whose exp is 0 but
 # which stays finite, so entropy terms p * logit are 0 rather than NaN.
@@ -165,7 +165,7 @@ def _logits_at(key: str):
     return lambda mb: {"loss_mask": logit_rows(mb[key])}
 
 
-class MegatronActor(ModelWorker):
+class MegatronActor(ModelShard):
     """``MegatronActor(hf_dir, cfg)`` trains; ``MegatronActor(hf_dir, cfg, trainable=False)`` is
     the frozen reference policy. Every method is collective over the trainer's ranks."""
 

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from agentgym_mega.models.worker import ModelWorker
+from agentgym_mega.models.shard import ModelShard
 
 # (values [b, T], micro-batch) -> (loss total, count, {metric: total}), as for the actor
 ValueLossFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, torch.Tensor, dict]]
@@ -27,7 +27,7 @@ def state_values(head_out: torch.Tensor) -> torch.Tensor:
     return F.pad(head_out.squeeze(-1).float()[:, :-1], (1, 0))
 
 
-class MegatronCritic(ModelWorker):
+class MegatronCritic(ModelShard):
     def __init__(self, hf_dir: str, cfg):
         super().__init__(hf_dir, cfg, trainable=True, value_head=True)
 

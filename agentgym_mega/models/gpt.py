@@ -207,7 +207,7 @@ def sdpa_attention() -> type:
     megatron's ``DotProductAttention`` materialises every ``[b, heads, s, s]`` score matrix, masks
     it and keeps the probabilities for the backward pass; where Transformer Engine is absent (CPU)
     that was a third of a training step's time at 600-token sequences. torch's fused kernel
-    computes the same causal attention blockwise. Only the case the workers run is taken over:
+    computes the same causal attention blockwise. Only the case the model shards run is taken over:
     causal, no explicit mask, vanilla softmax, no window; anything else goes to megatron's own path.
     """
     from megatron.core import tensor_parallel

@@ -1,6 +1,7 @@
-"""What the actor, the reference policy and the critic share: one megatron ``GPTModel`` built
-from a Hugging Face directory, run over micro-batches through megatron's pipeline schedule, and,
-when trainable, megatron's DDP, distributed optimizer (grad clipping) and LR scheduler.
+"""What the actor, the reference policy and the critic share: a model shard, one trainer rank's
+part of a megatron ``GPTModel`` built from a Hugging Face directory, run over micro-batches
+through megatron's pipeline schedule, and, when trainable, megatron's DDP, distributed optimizer
+(grad clipping) and LR scheduler.
 
 Batches are dicts of ``[B, T]`` tensors, right-padded (the causal mask then needs no attention
 mask: padding only follows real tokens), with an optional ``attention_mask`` giving each
@@ -26,7 +27,7 @@ from agentgym_mega.models import checkpoint, gpt, offload, weights
 from agentgym_mega.models.micro_batches import fixed_bins, padded_width, token_bins
 
 # (model output on the last stage, micro-batch) -> (loss, results per sample) when only running
-# forward; when training (loss total, count, metric totals), see ModelWorker.train_step.
+# forward; when training (loss total, count, metric totals), see ModelShard.train_step.
 HeadFn = Callable[[torch.Tensor, dict], tuple]
 # micro-batch -> keywords of the model's forward pass for it
 ModelKwargsFn = Callable[[dict], dict]
@@ -54,7 +55,10 @@ def lr_decay_steps(trainer) -> int:
     return trainer.total_steps * (trainer.batch_size // trainer.mini_batch_size) * trainer.ppo_epochs
 
 
-class ModelWorker:
+class ModelShard:
+    """One role's megatron model on one trainer rank (its TP/PP shard, its DP replica).
+    Not a vLLM worker: those are the engines' processes."""
+
     def __init__(self, hf_dir: str, cfg, *, trainable: bool = True, value_head: bool = False,
                  load_weights: bool = True):
         """``hf_dir``: the HF model (config, tokenizer and, with ``load_weights``, the weights;
