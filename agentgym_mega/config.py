@@ -305,7 +305,7 @@ class EvalConfig:
 
 @section
 class ClusterConfig:
-    """Where Ray places the actors: `colocated` runs the engines on the trainer's GPUs (they sleep
+    """Where Ray places the processes: `colocated` runs the engines on the trainer's GPUs (they sleep
     while it trains), `split` gives them GPUs of their own; env servers always get CPU bundles."""
 
     placement: Literal["colocated", "split"] = "colocated"
