@@ -537,14 +537,14 @@ def _add_env_server(sub) -> None:
                    help="most operations in one POST /batch; more answers 413 (default %(default)s)")
     p.add_argument("--max-action-chars", type=_COUNT, default=limits.MAX_ACTION_CHARS,
                    help="longest action in characters; longer answers 400 (default %(default)s)")
-    from envs.deepsearch.options import Options as DeepSearch
-    from envs.webarena.options import SITES
-    from envs.webarena.options import Options as WebArena
+    from envs.deepsearch.options import DeepSearchOptions
+    from envs.webarena.options import SITES, WebArenaOptions
 
     p.add_argument("--option", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
                    help="an option of the environment kind, repeatable (deepsearch: "
-                        f"{', '.join(DeepSearch.__dataclass_fields__)}; webarena: "
-                        f"{', '.join(k for k in WebArena.__dataclass_fields__ if k != 'sites')}; see the README)")
+                        f"{', '.join(DeepSearchOptions.__dataclass_fields__)}; webarena: "
+                        f"{', '.join(k for k in WebArenaOptions.__dataclass_fields__ if k != 'sites')}; "
+                        "see the README)")
     p.add_argument("--site", action="append", default=[], type=_key_value, metavar="NAME=URL",
                    help=f"webarena: the URL of a site its tasks name, repeatable ({', '.join(SITES)}); "
                         "shopping defaults to the shipped shop, started by the server")

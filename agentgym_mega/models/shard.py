@@ -67,17 +67,17 @@ class ModelShard:
 
         self.hf_dir = hf_dir
         self.hf_config = gpt.load_hf_config(hf_dir)
-        self.layout = gpt.Layout.of(cfg.parallel)
+        self.split = gpt.ModelSplit.of(cfg.parallel)
         self.dtype = gpt.resolve_dtype(cfg.model.dtype)
         self.value_head = value_head
-        model = gpt.build_gpt(self.hf_config, self.layout, self.dtype, value_head=value_head)
+        model = gpt.build_gpt(self.hf_config, self.split, self.dtype, value_head=value_head)
         # Micro-batches differ in width (and, with a token budget, in sequences): pipeline
         # stages then send each activation's shape ahead of it.
-        model.config.variable_seq_lengths = self.layout.pp > 1
+        model.config.variable_seq_lengths = self.split.pp > 1
         self.micro_batch_size = cfg.trainer.micro_batch_size
         self.max_tokens = cfg.trainer.max_tokens_per_gpu
         # Sequence parallel splits each micro-batch's sequence over the TP ranks.
-        self.width_multiple = self.layout.tp if cfg.parallel.sequence_parallel else 1
+        self.width_multiple = self.split.tp if cfg.parallel.sequence_parallel else 1
         if load_weights:
             weights.load_hf_weights(model, hf_dir, self.hf_config)
         self.optimizer = self.scheduler = None

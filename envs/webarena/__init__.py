@@ -24,7 +24,7 @@ import atexit
 
 
 def configure(opts):
-    """The Kind for validated `options.Options`: tasks loaded, the shop started, the browser made."""
+    """The Kind for validated `options.WebArenaOptions`: tasks loaded, the shop started, the browser made."""
     from envs.environment import Kind, Task
     from envs.webarena import evaluators, tasks
     from envs.webarena.browser import Browser

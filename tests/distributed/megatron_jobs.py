@@ -357,8 +357,8 @@ def attention_job(hf_dir: str) -> dict:
 
     platform.init_distributed(tp=1, pp=1, seed=0)
     hf_config = gpt.load_hf_config(hf_dir)
-    model = gpt.build_gpt(hf_config, gpt.Layout(), torch.float32)
-    config = gpt.transformer_config(hf_config, gpt.Layout(), torch.float32)
+    model = gpt.build_gpt(hf_config, gpt.ModelSplit(), torch.float32)
+    config = gpt.transformer_config(hf_config, gpt.ModelSplit(), torch.float32)
     heads, groups, dim = config.num_attention_heads, config.num_query_groups, config.kv_channels
     g = torch.Generator().manual_seed(0)
     qkv = [torch.randn(9, 3, n, dim, generator=g) for n in (heads, groups, groups)]
