@@ -28,6 +28,7 @@ from agentgym_mega.models.actor import MegatronActor
 from agentgym_mega.models.critic import MegatronCritic
 from agentgym_mega.models.shard import ModelShard
 from agentgym_mega.network import free_port, reachable_ip
+from agentgym_mega.rollout.batch import PolicyUpdateBatch, ValueUpdateBatch
 
 # The imports left inside methods are megatron's: only the rank processes need it, not the driver
 # that imports this module.
@@ -249,17 +250,16 @@ class RankProcess:
     def values(self, role: str, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.shards[role].values(input_ids, attention_mask=attention_mask)
 
-    def update_policy(self, role: str, batch: dict, temperature: float) -> dict:
-        """One optimizer step of the actor on `batch` (input_ids, loss_mask, old_logprobs,
-        advantages and, with a KL loss, ref_logprobs) with the configured objective."""
+    def update_policy(self, role: str, batch: PolicyUpdateBatch, temperature: float) -> dict:
+        """One optimizer step of the actor on `batch` with the configured objective."""
         algorithm = self.cfg.algorithm
-        return self.shards[role].update(batch, lambda logp, ent, mb: actor_loss(logp, ent, mb, algorithm),
+        return self.shards[role].update(batch.tensors(), lambda logp, ent, mb: actor_loss(logp, ent, mb, algorithm),
                                          temperature=temperature)
 
-    def update_values(self, role: str, batch: dict) -> dict:
+    def update_values(self, role: str, batch: ValueUpdateBatch) -> dict:
         """One optimizer step of the critic: clipped value loss against the returns."""
         algorithm = self.cfg.algorithm
-        return self.shards[role].update(batch, lambda values, mb: critic_loss(values, mb, algorithm))
+        return self.shards[role].update(batch.tensors(), lambda values, mb: critic_loss(values, mb, algorithm))
 
     def sync_weights(self, engines: list, version: int, engine_nodes: list[str] | None = None):
         """The actor's weights. Every rank takes part: in the gather of the tensors and, over the
@@ -441,10 +441,8 @@ class PolicyGroup(RoleGroup):
         the loss mask, computed only there and 0 elsewhere)."""
         return self._call("logprobs", input_ids, temperature, attention_mask, positions)
 
-    def update(self, batch: dict, temperature: float) -> dict:
-        """One optimizer step on ``batch`` (input_ids, loss_mask, old_logprobs, advantages and,
-        with a KL loss, ref_logprobs; attention_mask optional); returns the step's loss terms,
-        grad norm and lr."""
+    def update(self, batch: PolicyUpdateBatch, temperature: float) -> dict:
+        """One optimizer step on ``batch``; returns the step's loss terms, grad norm and lr."""
         return self._call("update_policy", batch, temperature)
 
     def sync_weights(self, engines: list, version: int):
@@ -465,7 +463,7 @@ class CriticGroup(RoleGroup):
         """``[B, T]`` values, aligned as :mod:`agentgym_mega.models.critic` says."""
         return self._call("values", input_ids, attention_mask)
 
-    def update(self, batch: dict) -> dict:
-        """One optimizer step of the clipped value loss on ``batch`` (input_ids, loss_mask,
-        old_values, returns); returns the loss, clip fraction, grad norm and lr."""
+    def update(self, batch: ValueUpdateBatch) -> dict:
+        """One optimizer step of the clipped value loss on ``batch``; returns the loss, clip
+        fraction, grad norm and lr."""
         return self._call("update_values", batch)

@@ -48,6 +48,37 @@ class Episode:
         return self.status not in UNTRAINED
 
 
+class _Tensors:
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The fields that are set, by name: what a model shard cuts into micro-batches."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclasses.dataclass
+class PolicyUpdateBatch(_Tensors):
+    """What one actor optimizer step reads of a mini-batch; sent to every trainer rank (through
+    Ray's object store) without the rest of the record."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None  # with a KL loss
+
+
+@dataclasses.dataclass
+class ValueUpdateBatch(_Tensors):
+    """What one critic optimizer step reads of a mini-batch (its values at rollout time as
+    `old_values`, for the clipped value loss)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    old_values: torch.Tensor
+    returns: torch.Tensor
+
+
 @dataclasses.dataclass
 class TrajectoryBatch:
     input_ids: torch.Tensor  # [B, T] long, right-padded
@@ -72,6 +103,13 @@ class TrajectoryBatch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    def for_policy_update(self) -> PolicyUpdateBatch:
+        return PolicyUpdateBatch(self.input_ids, self.attention_mask, self.loss_mask, self.old_logprobs,
+                                 self.advantages, self.ref_logprobs)
+
+    def for_value_update(self) -> ValueUpdateBatch:
+        return ValueUpdateBatch(self.input_ids, self.attention_mask, self.loss_mask, self.values, self.returns)
 
     def _tensor_fields(self):
         return [f.name for f in dataclasses.fields(self) if f.name != "episodes"]

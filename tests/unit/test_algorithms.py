@@ -385,3 +385,18 @@ def test_rollout_batch_state_round_trips_and_concat_pads():
     batch.old_logprobs = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="old_logprobs"):
         batch.state()
+
+
+def test_update_slices_carry_only_what_a_step_reads():
+    """What crosses Ray to the ranks for an optimizer step: the typed slice, its unset fields
+    left out of the tensors a model shard micro-batches (no KL loss: no ref_logprobs)."""
+    batch = _batch([1.0, 0.0], [0, 0], [[0.0, 1.0], [1.0, 1.0]], values=[[0.5, 0.25], [0.0, 1.0]])
+    batch.old_logprobs, batch.advantages, batch.returns = torch.zeros(2, 2), torch.ones(2, 2), torch.full((2, 2), 2.0)
+    policy = batch.for_policy_update().tensors()
+    assert list(policy) == ["input_ids", "attention_mask", "loss_mask", "old_logprobs", "advantages"]
+    assert all(policy[name] is getattr(batch, name) for name in policy)
+    batch.ref_logprobs = torch.zeros(2, 2)
+    assert "ref_logprobs" in batch.for_policy_update().tensors()
+    value = batch.for_value_update().tensors()
+    assert list(value) == ["input_ids", "attention_mask", "loss_mask", "old_values", "returns"]
+    assert value["old_values"] is batch.values and value["returns"] is batch.returns
