@@ -17,7 +17,7 @@ batch's results in order, ``[B, T, ...]`` (0 past a sequence's micro-batch width
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,9 @@ import torch.nn.functional as F
 
 from agentgym_mega.models import checkpoint, gpt, offload, weights
 from agentgym_mega.models.micro_batches import fixed_bins, padded_width, token_bins
+
+if TYPE_CHECKING:
+    from agentgym_mega.config import Config
 
 # (model output on the last stage, micro-batch) -> (loss, results per sample) when only running
 # forward; when training (loss total, count, metric totals), see ModelShard.train_step.
@@ -59,7 +62,7 @@ class ModelShard:
     """One role's megatron model on one trainer rank (its TP/PP shard, its DP replica).
     Not a vLLM worker: those are the engines' processes."""
 
-    def __init__(self, hf_dir: str, cfg, *, trainable: bool = True, value_head: bool = False,
+    def __init__(self, hf_dir: str, cfg: Config, *, trainable: bool = True, value_head: bool = False,
                  load_weights: bool = True):
         """``hf_dir``: the HF model (config, tokenizer and, with ``load_weights``, the weights;
         without, the weights come from :meth:`load_checkpoint`)."""

@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,6 +33,9 @@ from agentgym_mega.rollout.batch import UNTRAINED, Episode, Status, TrajectoryBa
 from agentgym_mega.rollout.engines import SamplingConfig
 from agentgym_mega.rollout.env_client import TIMEOUT_STATUS, StepGroups
 from envs.environment import Task
+
+if TYPE_CHECKING:
+    from agentgym_mega.config import Config
 
 
 def request_seed(seed: tuple[int, ...], episode: int, turn: int) -> int:
@@ -160,7 +164,7 @@ def instruction_for(env_cfg) -> str | None:
 
 class RolloutManager:
     @classmethod
-    def from_config(cls, cfg, engines: list, env, tokenizer) -> "RolloutManager":
+    def from_config(cls, cfg: Config, engines: list, env, tokenizer) -> "RolloutManager":
         """The manager a run's config describes: its sampling, context limit, instruction, mode
         and time limits (training and evaluation build theirs here, so both see the same
         episodes)."""
