@@ -35,7 +35,7 @@ def tokens(vocab: int, batch: int = 4, seq: int = SEQ, seed: int = 0) -> torch.T
 
 def sft_loss(logp, entropy, mb):
     """A fixed loss to minimise: mean negative log-likelihood of the batch's tokens, as the
-    (total, count, metric totals) the workers take."""
+    (total, count, metric totals) the model shards take."""
     count = torch.tensor(logp[:, 1:].numel())
     return -logp[:, 1:].sum(), count, {"entropy": entropy[:, 1:].sum()}
 
@@ -238,7 +238,7 @@ LENGTHS = [24, 10, 17, 5, 24, 12, 8, 20]  # real lengths of a ragged batch of 8,
 
 
 def masked_nll(logp, entropy, mb):
-    """Mean NLL of the real tokens after the first (the workers' (total, count, metrics) form)."""
+    """Mean NLL of the real tokens after the first (the model shards' (total, count, metrics) form)."""
     mask = mb["loss_mask"]
     return -(logp * mask).sum(), mask.sum(), {"entropy": (entropy * mask).sum()}
 
