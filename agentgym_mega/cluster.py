@@ -358,21 +358,21 @@ class TrainerWorld:
         # (ranks share the cores).
         loose = {"num_gpus": 1} if platform.has_cuda() else {"num_cpus": 0}
         self.placement = placement
-        self.handles = [ray.remote(**(placement.trainer(i) if placement else loose))(RankProcess).remote()
-                        for i in range(world)]
+        self.procs = [ray.remote(**(placement.trainer(i) if placement else loose))(RankProcess).remote()
+                      for i in range(world)]
         try:
-            master = ray.get(self.handles[0].node_address.remote())
-            ray.get([r.setup.remote(i, world, master, to_dict(cfg)) for i, r in enumerate(self.handles)])
+            master = ray.get(self.procs[0].node_address.remote())
+            ray.get([r.setup.remote(i, world, master, to_dict(cfg)) for i, r in enumerate(self.procs)])
         except BaseException:
             self.shutdown()  # the caller never gets the ranks to shut down
             raise
 
     def call(self, method: str, *args):
         """``method(*args)`` on every rank at once; rank 0's result."""
-        return ray.get([getattr(r, method).remote(*args) for r in self.handles])[0]
+        return ray.get([getattr(r, method).remote(*args) for r in self.procs])[0]
 
     def shutdown(self) -> None:
-        for r in self.handles:
+        for r in self.procs:
             ray.kill(r)
 
 
@@ -395,9 +395,9 @@ class RoleGroup:
             raise
 
     @property
-    def rank_handles(self) -> list:
+    def rank_procs(self) -> list:
         """The Ray handles of the rank processes (shared with the run's other roles)."""
-        return self.trainer_ranks.handles
+        return self.trainer_ranks.procs
 
     def _call(self, method: str, *args):
         return self.trainer_ranks.call(method, self.role, *args)

@@ -31,7 +31,7 @@ HEALTH_TIMEOUT_S = 30.0  # an engine that does not answer this long after a fail
 
 def env_servers(cfg: Config, options: Callable[[int], dict] | None = None
                 ) -> tuple[list[ActorHandle], list[str], str | None]:
-    """(server handles, urls, secret) of a run: `env.server_urls` with the secret in
+    """(server processes, urls, secret) of a run: `env.server_urls` with the secret in
     $AGENTGYM_MEGA_SECRET (if their servers were given one), or `env.num_servers` servers
     started here with a fresh secret, which they require of every request (they bind the node's
     address on a multi-node cluster). `options(i)`: server i's Ray options."""
@@ -41,9 +41,9 @@ def env_servers(cfg: Config, options: Callable[[int], dict] | None = None
     if cfg.env.server_urls:
         return [], list(cfg.env.server_urls), os.environ.get(SECRET_ENV) or None
     secret = secrets.token_urlsafe(32)
-    handles, urls = start_servers(cfg.env.name, cfg.env.num_servers, options=options, secret=secret,
+    procs, urls = start_servers(cfg.env.name, cfg.env.num_servers, options=options, secret=secret,
                                  env_options=cfg.env.options)
-    return handles, urls, secret
+    return procs, urls, secret
 
 
 class EngineSyncError(RuntimeError):
@@ -238,8 +238,8 @@ class Stack:
             self.trainer_ranks.shutdown()
         if self.env is not None:
             self.env.shutdown()
-        for handle in self.engines + self.env_servers:
-            ray.kill(handle)
+        for proc in self.engines + self.env_servers:
+            ray.kill(proc)
         if self.placement is not None:
             self.placement.remove()
         if self._owns_ray:

@@ -258,15 +258,15 @@ def start_servers(env: str, num_servers: int, max_instances: int | None = None, 
                   num_cpus: float = 1, options=None, secret: str | None = None,
                   env_options: dict | None = None) -> tuple[list, list[str]]:
     """Starts `num_servers` servers as Ray processes on CPU (num_gpus=0); returns (their Ray
-    handles, urls). `options(i)`, when given, are server i's Ray options (see cluster.Placement);
+    processes, urls). `options(i)`, when given, are server i's Ray options (see cluster.Placement);
     `env_options`, the environment kind's own (`env.options`).
 
     `secret`: the servers require it as `Authorization: Bearer <secret>`; give EnvClient the same.
     On a multi-node Ray cluster the servers bind the node's address, so a secret is required there.
     Servers sharing a node split its memory: each may fill MEMORY_SHARE / ceil(num_servers / nodes) of
     what the node has available (the trainer's placement spreads servers evenly over the nodes).
-    `max_instances` None: each server's memory cap. Keep the handles referenced: a server lives as
-    long as its handle.
+    `max_instances` None: each server's memory cap. Keep the processes referenced: a server lives as
+    long as its Ray handle.
     """
     import ray
 
@@ -284,12 +284,12 @@ def start_servers(env: str, num_servers: int, max_instances: int | None = None, 
     # The servers read these (make_server); an empty secret means none, over any inherited one.
     env_vars = {limits.MEMORY_SHARE_ENV: str(limits.MEMORY_SHARE / math.ceil(num_servers / nodes)),
                 limits.SECRET_ENV: "" if secret is None else check_secret(secret, "start_servers(secret=...)")}
-    handles = []
+    procs = []
     for i in range(num_servers):
         opts = dict(options(i) if options else {"num_gpus": 0, "num_cpus": num_cpus})
         runtime_env = dict(opts.get("runtime_env") or {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env_vars}
         opts["runtime_env"] = runtime_env
-        handles.append(ray.remote(**opts)(EnvServerProcess).remote(env, max_instances, idle_timeout, env_options))
-    urls = ray.get([h.url.remote() for h in handles])
-    return handles, urls
+        procs.append(ray.remote(**opts)(EnvServerProcess).remote(env, max_instances, idle_timeout, env_options))
+    urls = ray.get([p.url.remote() for p in procs])
+    return procs, urls

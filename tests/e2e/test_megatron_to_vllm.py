@@ -78,7 +78,7 @@ def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
         # rank 1 still gets through the collective gather instead of waiting in it forever.
         gone = ray.remote(num_cpus=0)(Gone).remote()
         ray.kill(gone)
-        failed = [r.sync_weights.remote([gone], 1) for r in group.rank_handles]
+        failed = [r.sync_weights.remote([gone], 1) for r in group.rank_procs]
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(failed[0], timeout=120)
         assert ray.get(failed[1], timeout=120) is None

@@ -45,10 +45,10 @@ def landed(cfg, gpus: bool = True) -> dict:
         probes = {("trainer", i): placement.trainer(i) for i in range(2)}
         probes |= {("engine", i): placement.engine(i) for i in range(2)}
         probes |= {("env", i): placement.env_server(i) for i in range(2)}
-        handles = {key: ray.remote(**options)(Probe).remote() for key, options in probes.items()}
-        where = dict(zip(handles, ray.get([h.where.remote() for h in handles.values()])))
-        for handle in handles.values():
-            ray.kill(handle)
+        procs = {key: ray.remote(**options)(Probe).remote() for key, options in probes.items()}
+        where = dict(zip(procs, ray.get([p.where.remote() for p in procs.values()])))
+        for proc in procs.values():
+            ray.kill(proc)
         return where | {"groups": {name: g.id.hex() for name, g in
                                    (("trainer", placement.trainer_group), ("engine", placement.engine_group))}}
     finally:

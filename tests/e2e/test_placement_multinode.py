@@ -35,12 +35,12 @@ def config(*extra: str):
 
 
 def nodes_of(options: list[dict]) -> list[str]:
-    handles = [ray.remote(**o)(Probe).remote() for o in options]
+    procs = [ray.remote(**o)(Probe).remote() for o in options]
     try:
-        return [w["node"] for w in ray.get([h.where.remote() for h in handles])]
+        return [w["node"] for w in ray.get([p.where.remote() for p in procs])]
     finally:
-        for handle in handles:
-            ray.kill(handle)
+        for proc in procs:
+            ray.kill(proc)
 
 
 def transport(placement: Placement, trainer_node: str) -> str:
