@@ -7,8 +7,8 @@ same process (the ranks of a run: :class:`TrainerWorld`), so a GPU carries one C
 one set of process groups, not one per role. A role's view of them (:class:`RoleGroup`:
 :class:`PolicyGroup` for the actor and the reference policy, :class:`CriticGroup`) runs its
 methods on every rank at once (megatron work is collective) and returns rank 0's answer, which
-all ranks share. Weight sync runs inside the ranks: they gather HF
-tensors from their shards to rank 0, which streams them to the engines.
+all ranks share. Weight sync runs inside the ranks: they gather HF tensors from their shards to
+rank 0, which streams them to the engines.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from agentgym_mega.models.shard import ModelShard
 from agentgym_mega.network import free_port, reachable_ip
 from agentgym_mega.rollout.batch import PolicyUpdateBatch, ValueUpdateBatch
 
-# The imports left inside methods are megatron's: only the rank processes need it, not the driver
-# that imports this module.
+# megatron is imported inside the methods that use it: only the rank processes need it, not the
+# driver that imports this module.
 
 ROLES = ("actor", "ref", "critic")
 PLACEMENT_TIMEOUT_S = 600.0
@@ -245,7 +245,7 @@ class RankProcess:
     def logprobs(self, role: str, input_ids: torch.Tensor, temperature: float,
                  attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         return self.shards[role].logprobs(input_ids, temperature=temperature, attention_mask=attention_mask,
-                                           positions=positions, entropy=False)["logprobs"]
+                                          positions=positions, entropy=False)["logprobs"]
 
     def values(self, role: str, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.shards[role].values(input_ids, attention_mask=attention_mask)
@@ -254,7 +254,7 @@ class RankProcess:
         """One optimizer step of the actor on `batch` with the configured objective."""
         algorithm = self.cfg.algorithm
         return self.shards[role].update(batch.tensors(), lambda logp, ent, mb: actor_loss(logp, ent, mb, algorithm),
-                                         temperature=temperature)
+                                        temperature=temperature)
 
     def update_values(self, role: str, batch: ValueUpdateBatch) -> dict:
         """One optimizer step of the critic: clipped value loss against the returns."""
