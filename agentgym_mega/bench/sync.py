@@ -128,8 +128,8 @@ def run(tp: int = 2, bucket_mb: int = 64, repeats: int = 3) -> dict:
 def _random_batch(seed: int, size: int = 2, length: int = 32) -> PolicyUpdateBatch:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 500, (size, length), generator=g)
-    return PolicyUpdateBatch(ids, torch.ones_like(ids), torch.ones(size, length), torch.zeros(size, length),
-                             torch.randn(size, length, generator=g))
+    return PolicyUpdateBatch(ids, loss_mask=torch.ones(size, length), old_logprobs=torch.zeros(size, length),
+                             advantages=torch.randn(size, length, generator=g))
 
 
 def _logprob_gap(actor, engine) -> torch.Tensor:

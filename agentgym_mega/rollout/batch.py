@@ -60,10 +60,10 @@ class PolicyUpdateBatch(_Tensors):
     Ray's object store) without the rest of the record."""
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
     loss_mask: torch.Tensor
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
+    attention_mask: torch.Tensor | None = None  # None: every position is a real token
     ref_logprobs: torch.Tensor | None = None  # with a KL loss
 
 
@@ -73,10 +73,10 @@ class ValueUpdateBatch(_Tensors):
     `old_values`, for the clipped value loss)."""
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
     loss_mask: torch.Tensor
     old_values: torch.Tensor
     returns: torch.Tensor
+    attention_mask: torch.Tensor | None = None  # None: every position is a real token
 
 
 @dataclasses.dataclass
@@ -105,11 +105,12 @@ class TrajectoryBatch:
         return self.input_ids.shape[0]
 
     def for_policy_update(self) -> PolicyUpdateBatch:
-        return PolicyUpdateBatch(self.input_ids, self.attention_mask, self.loss_mask, self.old_logprobs,
-                                 self.advantages, self.ref_logprobs)
+        return PolicyUpdateBatch(self.input_ids, self.loss_mask, self.old_logprobs, self.advantages,
+                                 attention_mask=self.attention_mask, ref_logprobs=self.ref_logprobs)
 
     def for_value_update(self) -> ValueUpdateBatch:
-        return ValueUpdateBatch(self.input_ids, self.attention_mask, self.loss_mask, self.values, self.returns)
+        return ValueUpdateBatch(self.input_ids, self.loss_mask, old_values=self.values, returns=self.returns,
+                                attention_mask=self.attention_mask)
 
     def _tensor_fields(self):
         return [f.name for f in dataclasses.fields(self) if f.name != "episodes"]

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from agentgym_mega.config import load_config
+from agentgym_mega.rollout.batch import PolicyUpdateBatch
 from agentgym_mega.rollout.engines import SamplingConfig
 
 pytestmark = pytest.mark.slow
@@ -68,8 +69,8 @@ def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
         # Three PPO steps that push up the sampled tokens (advantage +1 on every one).
         for _ in range(3):
             old = group.logprobs(ids, 1.0)
-            metrics = group.update({"input_ids": ids, "loss_mask": mask, "old_logprobs": old,
-                                    "advantages": mask.clone()}, 1.0)
+            batch = PolicyUpdateBatch(ids, loss_mask=mask, old_logprobs=old, advantages=mask.clone())
+            metrics = group.update(batch, 1.0)
             assert metrics["grad_norm"] > 0
         trained = group.logprobs(ids, 1.0)
         assert (trained - old)[mask.bool()].mean() > 0  # the update moved the policy

@@ -393,10 +393,10 @@ def test_update_slices_carry_only_what_a_step_reads():
     batch = _batch([1.0, 0.0], [0, 0], [[0.0, 1.0], [1.0, 1.0]], values=[[0.5, 0.25], [0.0, 1.0]])
     batch.old_logprobs, batch.advantages, batch.returns = torch.zeros(2, 2), torch.ones(2, 2), torch.full((2, 2), 2.0)
     policy = batch.for_policy_update().tensors()
-    assert list(policy) == ["input_ids", "attention_mask", "loss_mask", "old_logprobs", "advantages"]
+    assert list(policy) == ["input_ids", "loss_mask", "old_logprobs", "advantages", "attention_mask"]
     assert all(policy[name] is getattr(batch, name) for name in policy)
     batch.ref_logprobs = torch.zeros(2, 2)
     assert "ref_logprobs" in batch.for_policy_update().tensors()
     value = batch.for_value_update().tensors()
-    assert list(value) == ["input_ids", "attention_mask", "loss_mask", "old_values", "returns"]
+    assert list(value) == ["input_ids", "loss_mask", "old_values", "returns", "attention_mask"]
     assert value["old_values"] is batch.values and value["returns"] is batch.returns
