@@ -1,25 +1,37 @@
-"""Ray placement groups for a run, and the trainer's ranks as Ray actors driven as one group.
+"""Ray placement groups for a run, and the trainer's ranks as Ray processes driven as one group.
 
-Each rank is one process (one GPU on clusters, one CPU process here) that joins
-torch.distributed (NCCL or gloo) and holds its megatron-core shard of every trainer role of the
-run: the actor's, the reference policy's and the critic's models live side by side in the same
-process (:class:`TrainerRanks`), so a GPU carries one CUDA context and one set of process groups,
-not one per role. A role's group (:class:`PolicyGroup` for the actor and the reference policy,
-:class:`CriticGroup`) runs its methods on every rank at once (megatron work is collective) and
-returns rank 0's answer, which all ranks share. Weight sync runs inside the ranks: they gather HF
-tensors from their shards to rank 0, which streams them to the engines.
+Each rank is one process (:class:`RankProcess`; one GPU on clusters, one CPU process here) that
+joins torch.distributed (NCCL or gloo) and holds its megatron-core shard of every trainer role of
+the run: the actor's, the reference policy's and the critic's models live side by side in the
+same process (the ranks of a run: :class:`TrainerWorld`), so a GPU carries one CUDA context and
+one set of process groups, not one per role. A role's view of them (:class:`RoleGroup`:
+:class:`PolicyGroup` for the actor and the reference policy, :class:`CriticGroup`) runs its
+methods on every rank at once (megatron work is collective) and returns rank 0's answer, which
+all ranks share. Weight sync runs inside the ranks: they gather HF tensors from their shards to
+rank 0, which streams them to the engines.
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import ray
 import torch
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentgym_mega import platform, weight_sync
-from agentgym_mega.config import to_dict, validate
+from agentgym_mega.algorithms import actor_loss, critic_loss
+from agentgym_mega.config import Config, to_dict, validate
 from agentgym_mega.network import free_port, reachable_ip
+from agentgym_mega.rollout.batch import PolicyUpdateBatch, ValueUpdateBatch
+
+if TYPE_CHECKING:
+    from agentgym_mega.models.shard import ModelShard
+
+# megatron is imported inside the methods that use it: only the rank processes need it, not the
+# driver that imports this module.
 
 ROLES = ("actor", "ref", "critic")
 PLACEMENT_TIMEOUT_S = 600.0
@@ -58,14 +70,14 @@ def check_within_nodes(order: list[int], bundle_nodes: list[str], size: int, wha
                 "node; give the run whole nodes (their GPU count a multiple of the TP size)")
 
 
-def roles(cfg) -> tuple[str, ...]:
+def roles(cfg: Config) -> tuple[str, ...]:
     """The trainer roles a run has: the actor; the reference policy when a KL term is on; the
     critic for GAE."""
     return (("actor",) + (("ref",) if cfg.algorithm.kl_coef > 0 else ())
             + (("critic",) if cfg.algorithm.estimator == "gae" else ()))
 
 
-def offload_on(cfg, gpus: bool) -> bool:
+def offload_on(cfg: Config, gpus: bool) -> bool:
     """Whether the trainer roles release their device memory while the engines generate:
     cluster.offload, where `auto` means on when colocated on GPUs."""
     return cfg.cluster.offload is True or (cfg.cluster.offload == "auto" and gpus
@@ -73,7 +85,7 @@ def offload_on(cfg, gpus: bool) -> bool:
 
 
 class Placement:
-    """The run's placement groups and, per actor, the Ray options that put it in its bundle.
+    """The run's placement groups and, per process, the Ray options that put it in its bundle.
 
     Trainer bundles: one per trainer rank (one GPU each), holding that rank's process, which
     hosts every trainer role. `colocated`: engine j runs in trainer bundles
@@ -83,9 +95,7 @@ class Placement:
     In a cluster without GPUs every device bundle is one CPU instead: the same layout on CPU.
     `with_env=False`: no bundles for env servers (a run without environments, e.g. a benchmark)."""
 
-    def __init__(self, cfg, gpus: bool, with_env: bool = True):
-        from ray.util.placement_group import placement_group
-
+    def __init__(self, cfg: Config, gpus: bool, with_env: bool = True):
         if cfg.cluster.env_resource and self.env_server_count(cfg, with_env):
             self._check_resource(cfg.cluster.env_resource)  # before any group is placed
         self.device = "GPU" if gpus else "CPU"
@@ -141,32 +151,28 @@ class Placement:
     @staticmethod
     def _bundle_nodes(group) -> list[str]:
         """The node id of each bundle of a placed group, by bundle index."""
-        from ray.util.placement_group import placement_group_table
-
         table = placement_group_table(group)["bundles_to_node_id"]
         return [table[i] for i in range(len(group.bundle_specs))]
 
     @staticmethod
-    def env_server_count(cfg, with_env: bool = True) -> int:
+    def env_server_count(cfg: Config, with_env: bool = True) -> int:
         """Env servers the run starts itself (none when it is given their URLs)."""
         return cfg.env.num_servers if with_env and not cfg.env.server_urls else 0
 
     @staticmethod
-    def device_bundles(cfg) -> int:
+    def device_bundles(cfg: Config) -> int:
         """GPUs a run occupies (logical CPUs without GPUs): a bundle per trainer rank, plus one per
         engine worker with split placement."""
         split = cfg.cluster.placement == "split"
         return cfg.parallel.world_size + (cfg.rollout.num_engines * cfg.rollout.engine_tp if split else 0)
 
     @staticmethod
-    def cpus_needed(cfg, with_env: bool = True) -> int:
+    def cpus_needed(cfg: Config, with_env: bool = True) -> int:
         """Logical CPUs that the bundles of a run on a cluster without GPUs reserve."""
         return Placement.device_bundles(cfg) + Placement.env_server_count(cfg, with_env)
 
     def _options(self, group, bundle: int, amount: float, **extra) -> dict:
         """`amount` of the bundle's device (GPU, or CPU in a cluster without GPUs)."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         resources = {"num_gpus": amount, "num_cpus": 0} if self.device == "GPU" else {"num_cpus": amount}
         return resources | {"scheduling_strategy": PlacementGroupSchedulingStrategy(
             placement_group=group, placement_group_bundle_index=bundle, **extra)}
@@ -203,15 +209,14 @@ class Placement:
         return self._options(self.env_group, index, 1.0) | {"num_cpus": 1, "num_gpus": 0}
 
     def remove(self) -> None:
-        from ray.util.placement_group import remove_placement_group
-
         for group in self.groups:
             remove_placement_group(group)
 
 
-class TrainerRank:
-    """One trainer rank (a Ray actor's body): joins torch.distributed once, then holds a model of
-    each role added to it (:meth:`add_role`); every role method names the role it runs."""
+class RankProcess:
+    """The body of one trainer rank's Ray process: joins torch.distributed once, then holds a
+    model shard of each role added to it (:meth:`add_role`); every role method names the role it
+    runs."""
 
     def node_address(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0 to host the rendezvous."""
@@ -225,42 +230,37 @@ class TrainerRank:
             torch.set_num_threads(1)  # ranks share the cores; oversubscription only slows them
         self.cfg = validate(cfg)
         platform.init_distributed(self.cfg.parallel.tp, self.cfg.parallel.pp, self.cfg.trainer.seed)
-        self.workers: dict = {}
+        self.shards: dict[str, ModelShard] = {}
         self.synchronizer = None
 
     def add_role(self, role: str, hf_dir: str) -> None:
         if role == "critic":
             from agentgym_mega.models.critic import MegatronCritic
 
-            self.workers[role] = MegatronCritic(hf_dir, self.cfg)
+            self.shards[role] = MegatronCritic(hf_dir, self.cfg)
         else:
             from agentgym_mega.models.actor import MegatronActor
 
-            self.workers[role] = MegatronActor(hf_dir, self.cfg, trainable=role == "actor")
+            self.shards[role] = MegatronActor(hf_dir, self.cfg, trainable=role == "actor")
 
     def logprobs(self, role: str, input_ids: torch.Tensor, temperature: float,
                  attention_mask: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
-        return self.workers[role].logprobs(input_ids, temperature=temperature, attention_mask=attention_mask,
-                                           positions=positions, entropy=False)["logprobs"]
+        return self.shards[role].logprobs(input_ids, temperature=temperature, attention_mask=attention_mask,
+                                          positions=positions, entropy=False)["logprobs"]
 
     def values(self, role: str, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.workers[role].values(input_ids, attention_mask=attention_mask)
+        return self.shards[role].values(input_ids, attention_mask=attention_mask)
 
-    def update_policy(self, role: str, batch: dict, temperature: float) -> dict:
-        """One optimizer step of the actor on `batch` (input_ids, loss_mask, old_logprobs,
-        advantages and, with a KL loss, ref_logprobs) with the configured objective."""
-        from agentgym_mega.algorithms import actor_loss
-
+    def update_policy(self, role: str, batch: PolicyUpdateBatch, temperature: float) -> dict:
+        """One optimizer step of the actor on `batch` with the configured objective."""
         algorithm = self.cfg.algorithm
-        return self.workers[role].update(batch, lambda logp, ent, mb: actor_loss(logp, ent, mb, algorithm),
-                                         temperature=temperature)
+        return self.shards[role].update(batch.tensors(), lambda logp, ent, mb: actor_loss(logp, ent, mb, algorithm),
+                                        temperature=temperature)
 
-    def update_values(self, role: str, batch: dict) -> dict:
+    def update_values(self, role: str, batch: ValueUpdateBatch) -> dict:
         """One optimizer step of the critic: clipped value loss against the returns."""
-        from agentgym_mega.algorithms import critic_loss
-
         algorithm = self.cfg.algorithm
-        return self.workers[role].update(batch, lambda values, mb: critic_loss(values, mb, algorithm))
+        return self.shards[role].update(batch.tensors(), lambda values, mb: critic_loss(values, mb, algorithm))
 
     def sync_weights(self, engines: list, version: int, engine_nodes: list[str] | None = None):
         """The actor's weights. Every rank takes part: in the export of the tensors, in the form
@@ -270,7 +270,7 @@ class TrainerRank:
         synchronizer = self._synchronizer(engines, engine_nodes)
         if synchronizer is None:  # rank 0 could not set the sync up, and raises that
             return None
-        return synchronizer.sync(self.workers["actor"].export_hf(to=synchronizer.export), engines, version)
+        return synchronizer.sync(self.shards["actor"].export_hf(to=synchronizer.export), engines, version)
 
     def _synchronizer(self, engines: list, engine_nodes: list[str] | None) -> weight_sync.WeightSynchronizer | None:
         """Built at the first sync, when the engines' nodes are known (weight_sync.for_trainer_rank)."""
@@ -284,58 +284,58 @@ class TrainerRank:
         return self.synchronizer
 
     def release_memory(self, role: str, params: bool) -> None:
-        self.workers[role].release_memory(params)
+        self.shards[role].release_memory(params)
 
     def restore_memory(self, role: str) -> None:
-        self.workers[role].restore_memory()
+        self.shards[role].restore_memory()
 
     def save_checkpoint(self, role: str, root: str, step: int, trainer_state: dict) -> str:
-        return self.workers[role].save_checkpoint(root, step, trainer_state)
+        return self.shards[role].save_checkpoint(root, step, trainer_state)
 
     def load_checkpoint(self, role: str, path: str) -> dict:
-        return self.workers[role].load_checkpoint(path)
+        return self.shards[role].load_checkpoint(path)
 
 
-class TrainerRanks:
-    """The run's `world_size` trainer processes (TrainerRank actors), joined into one
+class TrainerWorld:
+    """The run's `world_size` trainer rank processes (:class:`RankProcess`), joined into one
     torch.distributed world; every role's group adds its model to them."""
 
-    def __init__(self, cfg, placement: Placement | None = None):
+    def __init__(self, cfg: Config, placement: Placement | None = None):
         world = cfg.parallel.world_size
         # Without a placement (tools, tests): a GPU per rank, or on CPU no reservation at all
         # (ranks share the cores).
         loose = {"num_gpus": 1} if platform.has_cuda() else {"num_cpus": 0}
         self.placement = placement
-        self.actors = [ray.remote(**(placement.trainer(i) if placement else loose))(TrainerRank).remote()
-                       for i in range(world)]
+        self.procs = [ray.remote(**(placement.trainer(i) if placement else loose))(RankProcess).remote()
+                      for i in range(world)]
         try:
-            master = ray.get(self.actors[0].node_address.remote())
-            ray.get([r.setup.remote(i, world, master, to_dict(cfg)) for i, r in enumerate(self.actors)])
+            master = ray.get(self.procs[0].node_address.remote())
+            ray.get([r.setup.remote(i, world, master, to_dict(cfg)) for i, r in enumerate(self.procs)])
         except BaseException:
             self.shutdown()  # the caller never gets the ranks to shut down
             raise
 
     def call(self, method: str, *args):
         """``method(*args)`` on every rank at once; rank 0's result."""
-        return ray.get([getattr(r, method).remote(*args) for r in self.actors])[0]
+        return ray.get([getattr(r, method).remote(*args) for r in self.procs])[0]
 
     def shutdown(self) -> None:
-        for r in self.actors:
+        for r in self.procs:
             ray.kill(r)
 
 
-class TrainerGroup:
-    """One role on the trainer ranks: its model in every rank process, its methods run on all
-    ranks at once, returning rank 0's result. Given the run's `ranks`, the role joins them;
+class RoleGroup:
+    """One role's view of the trainer ranks: its model in every rank process, its methods run on
+    all ranks at once, returning rank 0's result. Given the run's `ranks`, the role joins them;
     without, the group starts ranks of its own, which its shutdown ends."""
 
-    def __init__(self, cfg, hf_dir: str, role: str, placement: Placement | None = None,
-                 ranks: TrainerRanks | None = None):
+    def __init__(self, cfg: Config, hf_dir: str, role: str, placement: Placement | None = None,
+                 ranks: TrainerWorld | None = None):
         if role not in ROLES:
             raise ValueError(f"role {role!r}: allowed {', '.join(ROLES)}")
         self.role = role
         self._own = ranks is None
-        self.trainer_ranks = ranks or TrainerRanks(cfg, placement)
+        self.trainer_ranks = ranks or TrainerWorld(cfg, placement)
         try:
             self.trainer_ranks.call("add_role", role, hf_dir)
         except BaseException:
@@ -343,9 +343,9 @@ class TrainerGroup:
             raise
 
     @property
-    def ranks(self) -> list:
-        """The rank actors (shared with the run's other roles)."""
-        return self.trainer_ranks.actors
+    def rank_procs(self) -> list:
+        """The Ray handles of the rank processes (shared with the run's other roles)."""
+        return self.trainer_ranks.procs
 
     def _call(self, method: str, *args):
         return self.trainer_ranks.call(method, self.role, *args)
@@ -375,11 +375,11 @@ class TrainerGroup:
             self.trainer_ranks.shutdown()
 
 
-class PolicyGroup(TrainerGroup):
+class PolicyGroup(RoleGroup):
     """The actor, or with ``trainable=False`` the frozen reference policy."""
 
-    def __init__(self, cfg, hf_dir: str, *, trainable: bool = True, placement: Placement | None = None,
-                 ranks: TrainerRanks | None = None):
+    def __init__(self, cfg: Config, hf_dir: str, *, trainable: bool = True, placement: Placement | None = None,
+                 ranks: TrainerWorld | None = None):
         super().__init__(cfg, hf_dir, "actor" if trainable else "ref", placement, ranks)
 
     def logprobs(self, input_ids: torch.Tensor, temperature: float, attention_mask: torch.Tensor | None = None,
@@ -389,10 +389,8 @@ class PolicyGroup(TrainerGroup):
         the loss mask, computed only there and 0 elsewhere)."""
         return self._call("logprobs", input_ids, temperature, attention_mask, positions)
 
-    def update(self, batch: dict, temperature: float) -> dict:
-        """One optimizer step on ``batch`` (input_ids, loss_mask, old_logprobs, advantages and,
-        with a KL loss, ref_logprobs; attention_mask optional); returns the step's loss terms,
-        grad norm and lr."""
+    def update(self, batch: PolicyUpdateBatch, temperature: float) -> dict:
+        """One optimizer step on ``batch``; returns the step's loss terms, grad norm and lr."""
         return self._call("update_policy", batch, temperature)
 
     def sync_weights(self, engines: list, version: int):
@@ -405,15 +403,15 @@ class PolicyGroup(TrainerGroup):
         return self.trainer_ranks.call("sync_weights", engines, version, nodes)
 
 
-class CriticGroup(TrainerGroup):
-    def __init__(self, cfg, hf_dir: str, placement: Placement | None = None, ranks: TrainerRanks | None = None):
+class CriticGroup(RoleGroup):
+    def __init__(self, cfg: Config, hf_dir: str, placement: Placement | None = None, ranks: TrainerWorld | None = None):
         super().__init__(cfg, hf_dir, "critic", placement, ranks)
 
     def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``[B, T]`` values, aligned as :mod:`agentgym_mega.models.critic` says."""
         return self._call("values", input_ids, attention_mask)
 
-    def update(self, batch: dict) -> dict:
-        """One optimizer step of the clipped value loss on ``batch`` (input_ids, loss_mask,
-        old_values, returns); returns the loss, clip fraction, grad norm and lr."""
+    def update(self, batch: ValueUpdateBatch) -> dict:
+        """One optimizer step of the clipped value loss on ``batch``; returns the loss, clip
+        fraction, grad norm and lr."""
         return self._call("update_values", batch)

@@ -11,9 +11,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from typing import TYPE_CHECKING
 
 import envs
+from agentgym_mega.rollout.status import Status
 from agentgym_mega.rollout.tasks import select_tasks
+
+if TYPE_CHECKING:
+    from agentgym_mega.config import Config
 
 # The stack (Ray, torch) and the converter are imported where used: the CLI imports this module
 # when it starts.
@@ -43,8 +48,8 @@ def summarize(episodes, n: int) -> dict:
         "n": n,
         "overall": _scores(episodes),
         "categories": {c: _scores(eps) for c, eps in sorted(categories.items())},
-        "env_errors": sum(e.status == "env_error" for e in episodes),
-        "timeouts": sum(e.status == "timeout" for e in episodes),
+        "env_errors": sum(e.status == Status.ENV_ERROR for e in episodes),
+        "timeouts": sum(e.status == Status.TIMEOUT for e in episodes),
     }
 
 
@@ -57,7 +62,7 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def held_out(rollout, tasks: list, n: int, max_turns: int, cfg) -> dict:
+def held_out(rollout, tasks: list, n: int, max_turns: int, cfg: Config) -> dict:
     """The report (:func:`summarize`) of ``n`` samples of each task through ``rollout`` (a
     rollout manager). With ``rollout.seeded`` every evaluation samples with the same request
     seeds (step -1 of the run's seed, which training never uses), inside training and in
@@ -70,7 +75,7 @@ class Evaluator:
     """Evaluation inside a training run, through its rollout manager (so on the weights the
     engines serve now): writes ``eval/step_N.json`` and returns ``eval/...`` metrics."""
 
-    def __init__(self, manager, tasks: list, cfg):
+    def __init__(self, manager, tasks: list, cfg: Config):
         if not tasks:
             raise ValueError(f"no {cfg.eval.split} tasks to evaluate on (check env.categories and eval.limit)")
         self.manager, self.tasks, self.n = manager, tasks, cfg.eval.n
@@ -98,7 +103,7 @@ class Evaluator:
                 f"{first:.3f} at step {first_step} -> {last:.3f} at step {last_step} ({last - first:+.3f})")
 
 
-def evaluate(cfg, model_dir: str, n: int, split: str, limit: int | None, max_turns: int | None) -> dict:
+def evaluate(cfg: Config, model_dir: str, n: int, split: str, limit: int | None, max_turns: int | None) -> dict:
     """Avg@n, Pass@n and success of the HF model in `model_dir` on `split` (its first `limit`
     tasks, `max_turns` or the environment's evaluation limit), through the run's env servers and
     engines."""
@@ -112,7 +117,7 @@ def evaluate(cfg, model_dir: str, n: int, split: str, limit: int | None, max_tur
     return report
 
 
-def run(cfg, hf: str | None, ckpt: str | None, n: int, split: str, limit: int | None,
+def run(cfg: Config, hf: str | None, ckpt: str | None, n: int, split: str, limit: int | None,
         max_turns: int | None) -> dict:
     """`agentgym-mega eval`: an HF directory as it is, a megatron checkpoint exported first."""
     if hf:

@@ -7,6 +7,8 @@ import os
 import time
 from contextlib import contextmanager
 
+from agentgym_mega.rollout.status import Status
+
 # TensorBoard and matplotlib are imported where they are used: TensorBoard only with
 # logging.tensorboard, matplotlib for the one plot at a run's end, not at the driver's start-up.
 
@@ -30,11 +32,11 @@ def episode_metrics(batch) -> dict:
         "reward/groups_with_spread": sum(max(g) > min(g) for g in groups.values()) / max(1, len(groups)),
         "episode/turns_mean": sum(e.turns for e in episodes) / n,
         "episode/response_tokens_mean": sum(e.response_tokens for e in episodes) / n,
-        "episode/done": count("done"),
-        "episode/horizon": count("horizon"),
-        "episode/truncated": count("truncated"),
-        "episode/env_errors": count("env_error"),
-        "episode/timeouts": count("timeout"),
+        "episode/done": count(Status.DONE),
+        "episode/horizon": count(Status.HORIZON),
+        "episode/truncated": count(Status.TRUNCATED),
+        "episode/env_errors": count(Status.ENV_ERROR),
+        "episode/timeouts": count(Status.TIMEOUT),
     }
 
 

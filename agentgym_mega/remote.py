@@ -1,4 +1,4 @@
-"""Calling an object that may be a Ray actor handle or an in-process instance (an inference
+"""Calling an object that may be a Ray handle or an in-process instance (an inference
 engine in a test or a tool), the same way: rollout and weight sync both drive engines like this."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable
 
 def call_async(pool: ThreadPoolExecutor, target, method: str, *args, **kwargs) -> Callable[..., object]:
     """Starts `target.method(*args, **kwargs)` without waiting; returns a function that waits for
-    the result, `wait(timeout=None)`, raising TimeoutError past `timeout` seconds. A Ray actor
+    the result, `wait(timeout=None)`, raising TimeoutError past `timeout` seconds. A Ray
     handle runs it in its own process, an in-process object on `pool`."""
     bound = getattr(target, method)
     remote = getattr(bound, "remote", None)

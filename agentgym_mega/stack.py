@@ -9,18 +9,25 @@ import contextlib
 import logging
 import os
 import secrets
-from typing import Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import ray
 
 from agentgym_mega import platform
-from agentgym_mega.cluster import CriticGroup, Placement, PolicyGroup, TrainerRanks, offload_on, roles
+from agentgym_mega.cluster import CriticGroup, Placement, PolicyGroup, RoleGroup, TrainerWorld, offload_on, roles
 from agentgym_mega.memory_plan import read_architecture
 from agentgym_mega.rollout.engines.vllm_engine import launch_remote
 from agentgym_mega.rollout.env_client import EnvClient, start_servers
 from agentgym_mega.rollout.manager import RolloutManager
 from agentgym_mega.rollout.tasks import select_tasks
 from envs.limits import SECRET_ENV
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+    from transformers import PreTrainedTokenizerBase
+
+    from agentgym_mega.config import Config
+    from envs.environment import Task
 
 # transformers is imported where the tokenizer is loaded, after the engines are launched: its
 # import takes seconds, which then overlap the engines' start-up.
@@ -29,17 +36,18 @@ log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 30.0  # an engine that does not answer this long after a failed sync counts as dead
 
 
-def env_servers(cfg, options=None) -> tuple[list, list[str], str | None]:
-    """(server actors, urls, secret) of a run: `env.server_urls` with the secret in
+def env_servers(cfg: Config, options: Callable[[int], dict] | None = None
+                ) -> tuple[list[ActorHandle], list[str], str | None]:
+    """(server processes, urls, secret) of a run: `env.server_urls` with the secret in
     $AGENTGYM_MEGA_SECRET (if their servers were given one), or `env.num_servers` servers
     started here with a fresh secret, which they require of every request (they bind the node's
-    address on a multi-node cluster). `options(i)`: server i's Ray actor options."""
+    address on a multi-node cluster). `options(i)`: server i's Ray options."""
     if cfg.env.server_urls:
         return [], list(cfg.env.server_urls), os.environ.get(SECRET_ENV) or None
     secret = secrets.token_urlsafe(32)
-    actors, urls = start_servers(cfg.env.name, cfg.env.num_servers, options=options, secret=secret,
+    procs, urls = start_servers(cfg.env.name, cfg.env.num_servers, options=options, secret=secret,
                                  env_options=cfg.env.options)
-    return actors, urls, secret
+    return procs, urls, secret
 
 
 class EngineSyncError(RuntimeError):
@@ -49,27 +57,27 @@ class EngineSyncError(RuntimeError):
 class Stack:
     """What a run has started. Parts a caller did not ask for stay None (or empty)."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: Config):
         self.cfg = cfg
         self.placement: Placement | None = None
-        self.env_servers: list = []  # Ray actors of the servers started here
-        self.env = None  # EnvClient
-        self.catalogue: list = []  # every task the env servers offer, both splits
-        self.tasks: list = []  # the run's tasks (env.split, env.task_ids, env.categories)
-        self.tokenizer = None
-        self.engines: list = []
-        self.rollout = None  # RolloutManager over the engines and the env servers
+        self.env_servers: list[ActorHandle] = []  # the servers started here
+        self.env: EnvClient | None = None
+        self.catalogue: list[Task] = []  # every task the env servers offer, both splits
+        self.tasks: list[Task] = []  # the run's tasks (env.split, env.task_ids, env.categories)
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+        self.engines: list[ActorHandle] = []  # VLLMEngine processes
+        self.rollout: RolloutManager | None = None  # over the engines and the env servers
         self.actor: PolicyGroup | None = None
         self.ref: PolicyGroup | None = None  # with a KL term
         self.critic: CriticGroup | None = None  # with GAE
-        self.trainer_ranks: TrainerRanks | None = None  # the processes of every trainer role
+        self.trainer_ranks: TrainerWorld | None = None  # the processes of every trainer role
         self.offload = False  # cluster.offload, resolved once the devices are known
         self.dropped_engines = 0  # taken out of rotation after a failed weight sync
         self._owns_ray = False
 
     @classmethod
     @contextlib.contextmanager
-    def start(cls, cfg, *, env: bool = True, trainers: bool = True,
+    def start(cls, cfg: Config, *, env: bool = True, trainers: bool = True,
               engine_model: str | None = None) -> Iterator["Stack"]:
         """Starts a run's parts: env servers and the rollout manager (`env`), engines serving
         `engine_model` (default model.path), and the trainer roles (`trainers`); shuts all of
@@ -127,7 +135,7 @@ class Stack:
         policy and the critic are models of their own in the actor's processes."""
         cfg = self.cfg
         run_roles = roles(cfg)
-        self.trainer_ranks = TrainerRanks(cfg, self.placement)
+        self.trainer_ranks = TrainerWorld(cfg, self.placement)
         self.actor = PolicyGroup(cfg, cfg.model.path, ranks=self.trainer_ranks)
         if "ref" in run_roles:
             self.ref = PolicyGroup(cfg, cfg.model.path, trainable=False, ranks=self.trainer_ranks)
@@ -193,7 +201,7 @@ class Stack:
         return stats
 
     @staticmethod
-    def _engines_behind(engines: list, version: int | None) -> tuple[list, list]:
+    def _engines_behind(engines: list[ActorHandle], version: int | None) -> tuple[list[ActorHandle], list[ActorHandle]]:
         """(engines alive but not serving `version`, engines that do not answer)."""
         behind, dead = [], []
         for engine in engines:
@@ -204,7 +212,7 @@ class Stack:
                 dead.append(engine)
         return behind, dead
 
-    def trainers(self) -> list:
+    def trainers(self) -> list[RoleGroup]:
         return [g for g in (self.actor, self.ref, self.critic) if g is not None]
 
     def trainers_release(self, actor_params: bool = True) -> None:
@@ -214,7 +222,7 @@ class Stack:
             for group in self.trainers():
                 group.release_memory(params=actor_params or group is not self.actor)
 
-    def trainers_restore(self, groups: list | None = None) -> None:
+    def trainers_restore(self, groups: list[RoleGroup] | None = None) -> None:
         """With offload on: every trainer role (or those of `groups`) takes its device memory back."""
         if self.offload:
             for group in self.trainers() if groups is None else groups:
@@ -226,8 +234,8 @@ class Stack:
             self.trainer_ranks.shutdown()
         if self.env is not None:
             self.env.shutdown()
-        for actor in self.engines + self.env_servers:
-            ray.kill(actor)
+        for proc in self.engines + self.env_servers:
+            ray.kill(proc)
         if self.placement is not None:
             self.placement.remove()
         if self._owns_ray:

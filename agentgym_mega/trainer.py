@@ -60,15 +60,10 @@ def _update(stack: Stack, batch, cfg: Config) -> dict:
         epoch: dict[str, list[float]] = {}
         epochs.append(epoch)
         for mini in batch.split(len(batch) // per_mini):
-            fields = {"input_ids": mini.input_ids, "attention_mask": mini.attention_mask, "loss_mask": mini.loss_mask,
-                      "old_logprobs": mini.old_logprobs, "advantages": mini.advantages}
-            if mini.ref_logprobs is not None:
-                fields["ref_logprobs"] = mini.ref_logprobs
-            out = {f"actor/{k}": v for k, v in stack.actor.update(fields, cfg.rollout.temperature).items()}
+            out = {f"actor/{k}": v
+                   for k, v in stack.actor.update(mini.for_policy_update(), cfg.rollout.temperature).items()}
             if stack.critic is not None:
-                critic_fields = {"input_ids": mini.input_ids, "attention_mask": mini.attention_mask,
-                                 "loss_mask": mini.loss_mask, "old_values": mini.values, "returns": mini.returns}
-                out |= {f"critic/{k}": v for k, v in stack.critic.update(critic_fields).items()}
+                out |= {f"critic/{k}": v for k, v in stack.critic.update(mini.for_value_update()).items()}
             for key, value in out.items():
                 epoch.setdefault(key, []).append(value)
     means = {key: statistics.fmean(v for e in epochs for v in e[key]) for key in epochs[0]}

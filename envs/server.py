@@ -243,7 +243,7 @@ def make_server(env: str, host: str, port: int, max_instances: int | None = None
                 secret: str | None = None, insecure: bool = False, memory_share: float | None = None,
                 max_body_bytes: int = limits.MAX_BODY_BYTES, max_batch_ops: int = limits.MAX_BATCH_OPS,
                 max_action_chars: int = limits.MAX_ACTION_CHARS, env_options: dict | None = None) -> uvicorn.Server:
-    """A uvicorn server hosting one environment kind; `.run()` blocks, Ray actors run it in a thread.
+    """A uvicorn server hosting one environment kind; `.run()` blocks, Ray processes run it in a thread.
 
     `secret` None: $AGENTGYM_MEGA_SECRET when set and not empty, else no authentication, which
     only a loopback `host` (or `insecure`) allows. `memory_share` None: $AGENTGYM_MEGA_MEMORY_SHARE when set, else

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from agentgym_mega.algorithms.advantages import gae, grpo_advantages, reinforce_pp_advantages, rloo_advantages
 from agentgym_mega.algorithms.losses import kl_penalty
 
+if TYPE_CHECKING:
+    from agentgym_mega.config import AlgorithmConfig
 
-def token_rewards(batch, cfg) -> torch.Tensor:
+
+def token_rewards(batch, cfg: AlgorithmConfig) -> torch.Tensor:
     """The terminal rewards, minus the KL penalty per token when KL is part of the reward (the
     token-level estimators only: config validation refuses `kl_in=reward` for grpo and rloo,
     whose advantage is one number per episode)."""
@@ -19,7 +24,7 @@ def token_rewards(batch, cfg) -> torch.Tensor:
     return rewards
 
 
-def compute_advantages(batch, cfg):
+def compute_advantages(batch, cfg: AlgorithmConfig):
     """Fills batch.advantages and batch.returns ([B, T], zero off the loss mask)."""
     mask = batch.loss_mask
     if cfg.estimator == "gae":

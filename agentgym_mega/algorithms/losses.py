@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from agentgym_mega.config import AlgorithmConfig
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 LOG_RATIO_CLAMP = 20.0
@@ -95,8 +99,9 @@ def clipped_value_error(values, old_values, returns, clip: float = 0.2) -> tuple
     return 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).to(values.dtype)
 
 
-def actor_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: dict, cfg) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """The policy objective of one slice of a batch under `cfg` (an AlgorithmConfig): clipped
+def actor_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: dict,
+               cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The policy objective of one slice of a batch under `cfg`: clipped
     surrogate, minus the entropy bonus, plus the KL penalty when it is a loss term.
     `batch` holds old_logprobs, advantages, loss_mask and, for the KL term, ref_logprobs.
     Returns (total, count, metric totals) as :func:`aggregate_parts` does, so that slices on
@@ -114,7 +119,7 @@ def actor_loss(logp: torch.Tensor, entropy: torch.Tensor, batch: dict, cfg) -> t
     return _totals(per_token, terms, batch["loss_mask"], cfg.loss_agg)
 
 
-def critic_loss(values: torch.Tensor, batch: dict, cfg) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def critic_loss(values: torch.Tensor, batch: dict, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """The clipped value loss of one slice against batch["returns"] (old_values, loss_mask too),
     as (total, count, metric totals) like :func:`actor_loss`."""
     loss, took_clip = clipped_value_error(values, batch["old_values"], batch["returns"], cfg.value_clip)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-from agentgym_mega.config import load_config
+from agentgym_mega.config import Config, load_config
 
 DEMO_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "demo_cpu.yaml")
 DEMO_STEPS = 160  # the demo's length, which its horizon interval and eval frequency are set for
@@ -28,7 +28,7 @@ def overrides(estimator: str, steps: int, output_dir: str) -> list[str]:
             f"trainer.save_freq={steps}", f"trainer.output_dir={output_dir}"]
 
 
-def ensure_base(cfg) -> None:
+def ensure_base(cfg: Config) -> None:
     if os.path.isfile(os.path.join(cfg.model.path, "config.json")):
         return
     from agentgym_mega import cli

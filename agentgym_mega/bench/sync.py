@@ -38,6 +38,7 @@ import zmq
 
 from agentgym_mega.config import load_config
 from agentgym_mega.models.tiny import TinySpec, make_tiny_model
+from agentgym_mega.rollout.batch import PolicyUpdateBatch
 from agentgym_mega.rollout.engines import SamplingConfig
 from agentgym_mega.weight_sync import new_secret
 from agentgym_mega.weight_sync.loopback import TRANSPORTS, LoopbackReceiver, LoopbackSender, open_group
@@ -125,11 +126,11 @@ def run(tp: int = 2, bucket_mb: int = 64, repeats: int = 3) -> dict:
     }
 
 
-def _random_batch(seed: int, size: int = 2, length: int = 32) -> dict:
+def _random_batch(seed: int, size: int = 2, length: int = 32) -> PolicyUpdateBatch:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 500, (size, length), generator=g)
-    return {"input_ids": ids, "loss_mask": torch.ones(size, length), "old_logprobs": torch.zeros(size, length),
-            "advantages": torch.randn(size, length, generator=g)}
+    return PolicyUpdateBatch(ids, loss_mask=torch.ones(size, length), old_logprobs=torch.zeros(size, length),
+                             advantages=torch.randn(size, length, generator=g))
 
 
 def _logprob_gap(actor, engine) -> torch.Tensor:

@@ -8,9 +8,8 @@ import sys
 from agentgym_mega.cli.options import COUNT, add_server_security, bounded, command, port
 from agentgym_mega.errors import BadInput
 from envs import KINDS, limits
-from envs.deepsearch.options import Options as DeepSearch
-from envs.webarena.options import SITES
-from envs.webarena.options import Options as WebArena
+from envs.deepsearch.options import DeepSearchOptions
+from envs.webarena.options import SITES, WebArenaOptions
 
 # envs.server is imported when the command runs: its web stack (FastAPI, uvicorn) would slow
 # every --help.
@@ -56,8 +55,9 @@ def add(sub) -> None:
                    help="longest action in characters; longer answers 400 (default %(default)s)")
     p.add_argument("--option", action="append", default=[], type=_key_value, metavar="KEY=VALUE",
                    help="an option of the environment kind, repeatable (deepsearch: "
-                        f"{', '.join(DeepSearch.__dataclass_fields__)}; webarena: "
-                        f"{', '.join(k for k in WebArena.__dataclass_fields__ if k != 'sites')}; docs/environments.md)")
+                        f"{', '.join(DeepSearchOptions.__dataclass_fields__)}; webarena: "
+                        f"{', '.join(k for k in WebArenaOptions.__dataclass_fields__ if k != 'sites')}; "
+                        "docs/environments.md)")
     p.add_argument("--site", action="append", default=[], type=_key_value, metavar="NAME=URL",
                    help=f"webarena: the URL of a site its tasks name, repeatable ({', '.join(SITES)}); "
                         "shopping defaults to the shipped shop, started by the server")

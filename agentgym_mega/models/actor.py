@@ -10,14 +10,17 @@ for ``t >= 1``; position 0 has no prediction and holds 0.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-from agentgym_mega.models.worker import ModelWorker
+from agentgym_mega.models.shard import ModelShard
+
+if TYPE_CHECKING:
+    from agentgym_mega.config import Config
 
 # Padded vocabulary rows are not tokens: their logits are pushed to a value whose exp is 0 but
 # which stays finite, so entropy terms p * logit are 0 rather than NaN.
@@ -165,11 +168,11 @@ def _logits_at(key: str):
     return lambda mb: {"loss_mask": logit_rows(mb[key])}
 
 
-class MegatronActor(ModelWorker):
+class MegatronActor(ModelShard):
     """``MegatronActor(hf_dir, cfg)`` trains; ``MegatronActor(hf_dir, cfg, trainable=False)`` is
     the frozen reference policy. Every method is collective over the trainer's ranks."""
 
-    def __init__(self, hf_dir: str, cfg, *, trainable: bool = True, load_weights: bool = True):
+    def __init__(self, hf_dir: str, cfg: Config, *, trainable: bool = True, load_weights: bool = True):
         super().__init__(hf_dir, cfg, trainable=trainable, load_weights=load_weights)
 
     def full_logits(self, input_ids: torch.Tensor, micro_batch_size: int | None = None) -> torch.Tensor:

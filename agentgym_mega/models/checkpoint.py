@@ -8,7 +8,7 @@ written, then replaces ``latest`` atomically: a save killed at any point leaves 
 checkpoint and ``latest`` as they were.
 
 The model loads at any TP/PP layout (dist_checkpointing reshards); optimizer and RNG state are
-restored only at the layout they were saved with, which is what resuming a run needs. A worker
+restored only at the layout they were saved with, which is what resuming a run needs. A model shard
 that has not stepped yet (or has no optimizer, e.g. a converted HF model) saves the model only.
 """
 
@@ -72,17 +72,17 @@ def _set_rng_state(state: dict) -> None:
 _OPTIMIZER_FORMAT = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
-def _sharded_state(worker, full: bool, loading: bool) -> dict:
+def _sharded_state(shard, full: bool, loading: bool) -> dict:
     """What dist_checkpointing saves or fills: always the model; with ``full`` the optimizer and
     this rank's RNG state (one object per (pp, tp) position; DP replicas share rank 0's)."""
     from megatron.core import parallel_state as ps
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    state = {"model": weights.unwrap(worker.model).sharded_state_dict()}
+    state = {"model": weights.unwrap(shard.model).sharded_state_dict()}
     if full:
         if loading:
-            _allocate_optimizer_state(worker.optimizer)
-        state["optimizer"] = worker.optimizer.sharded_state_dict(
+            _allocate_optimizer_state(shard.optimizer)
+        state["optimizer"] = shard.optimizer.sharded_state_dict(
             state["model"], is_loading=loading, metadata=_OPTIMIZER_FORMAT)
         state["rng"] = ShardedObject(
             "rng_state", _rng_state(),
@@ -93,11 +93,11 @@ def _sharded_state(worker, full: bool, loading: bool) -> dict:
     return state
 
 
-def _has_optimizer_state(worker) -> bool:
+def _has_optimizer_state(shard) -> bool:
     """False before the first step: there are no Adam moments yet, only the model to save."""
-    if worker.optimizer is None:
+    if shard.optimizer is None:
         return False
-    return any(inner.optimizer.state for inner in getattr(worker.optimizer, "chained_optimizers", [worker.optimizer]))
+    return any(inner.optimizer.state for inner in getattr(shard.optimizer, "chained_optimizers", [shard.optimizer]))
 
 
 def _allocate_optimizer_state(optimizer) -> None:
@@ -125,8 +125,8 @@ def _restore_adam_steps(optimizer) -> None:
                     state["step"] = torch.full_like(state["step"], group["step"])
 
 
-def save(root: str, step: int, worker, trainer_state: dict) -> str:
-    """Saves a checkpoint of ``worker`` (collective) and returns its directory."""
+def save(root: str, step: int, shard, trainer_state: dict) -> str:
+    """Saves a checkpoint of ``shard`` (collective) and returns its directory."""
     from megatron.core import dist_checkpointing
 
     final = os.path.join(root, f"iter_{step:07d}")
@@ -136,18 +136,18 @@ def save(root: str, step: int, worker, trainer_state: dict) -> str:
         files.atomic_dir(final)
     dist.barrier()
     tmp = files.temp_path(final)
-    with_optimizer = _has_optimizer_state(worker)
-    state = _sharded_state(worker, full=with_optimizer, loading=False)
-    state["scheduler"] = worker.scheduler.state_dict() if worker.scheduler else None
+    with_optimizer = _has_optimizer_state(shard)
+    state = _sharded_state(shard, full=with_optimizer, loading=False)
+    state["scheduler"] = shard.scheduler.state_dict() if shard.scheduler else None
     state["trainer"] = dict(trainer_state, global_step=step)
     dist_checkpointing.save(state, tmp)
     dist.barrier()  # every rank's shards are on disk
     if writer:
         side = os.path.join(tmp, HF_SIDE_FILES)
         os.makedirs(side)
-        weights.copy_side_files(worker.hf_dir, side)
-        meta = {"step": step, "layout": _layout(), "padded_vocab": weights.unwrap(worker.model).vocab_size,
-                "value_head": worker.value_head, "optimizer": with_optimizer, "trainer": state["trainer"]}
+        weights.copy_side_files(shard.hf_dir, side)
+        meta = {"step": step, "layout": _layout(), "padded_vocab": weights.unwrap(shard.model).vocab_size,
+                "value_head": shard.value_head, "optimizer": with_optimizer, "trainer": state["trainer"]}
         files.write_text_atomic(os.path.join(tmp, META), json.dumps(meta, indent=2))
         files.commit_dir(tmp, final)
         files.write_text_atomic(os.path.join(root, LATEST), os.path.basename(final) + "\n")
@@ -173,27 +173,27 @@ def read_meta(path: str) -> dict:
         return json.load(f)
 
 
-def load(path: str, worker, load_optimizer: bool = True) -> dict:
-    """Loads ``path`` into ``worker`` (collective); returns the trainer state saved with it."""
+def load(path: str, shard, load_optimizer: bool = True) -> dict:
+    """Loads ``path`` into ``shard`` (collective); returns the trainer state saved with it."""
     from megatron.core import dist_checkpointing
 
     path = resolve(path)
     meta = read_meta(path)
-    padded = weights.unwrap(worker.model).vocab_size
+    padded = weights.unwrap(shard.model).vocab_size
     if meta["padded_vocab"] != padded:
         raise CheckpointError(f"{path}: embedding.word_embeddings.weight has {meta['padded_vocab']} rows "
                               f"(padded vocabulary), this model {padded}")
-    if meta["value_head"] != worker.value_head:
+    if meta["value_head"] != shard.value_head:
         raise CheckpointError(f"{path}: value_head={meta['value_head']} but this model has "
-                              f"value_head={worker.value_head}")
-    full = (load_optimizer and worker.optimizer is not None and meta["optimizer"]
+                              f"value_head={shard.value_head}")
+    full = (load_optimizer and shard.optimizer is not None and meta["optimizer"]
             and meta["layout"] == _layout())
-    state = dist_checkpointing.load(_sharded_state(worker, full, loading=True), path)
-    worker.model.load_state_dict(state["model"])
+    state = dist_checkpointing.load(_sharded_state(shard, full, loading=True), path)
+    shard.model.load_state_dict(state["model"])
     if full:
         with torch.no_grad():  # fp32 main params are views of the model's leaf parameters
-            worker.optimizer.load_state_dict(state["optimizer"])
-            _restore_adam_steps(worker.optimizer)
-        worker.scheduler.load_state_dict(state["scheduler"])
+            shard.optimizer.load_state_dict(state["optimizer"])
+            _restore_adam_steps(shard.optimizer)
+        shard.scheduler.load_state_dict(state["scheduler"])
         _set_rng_state(state["rng"])
     return state["trainer"]

@@ -11,12 +11,15 @@ on the same index, and the critic's loss trains the same shifted values towards 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
 
-from agentgym_mega.models.worker import ModelWorker
+from agentgym_mega.models.shard import ModelShard
+
+if TYPE_CHECKING:
+    from agentgym_mega.config import Config
 
 # (values [b, T], micro-batch) -> (loss total, count, {metric: total}), as for the actor
 ValueLossFn = Callable[[torch.Tensor, dict], tuple[torch.Tensor, torch.Tensor, dict]]
@@ -27,8 +30,8 @@ def state_values(head_out: torch.Tensor) -> torch.Tensor:
     return F.pad(head_out.squeeze(-1).float()[:, :-1], (1, 0))
 
 
-class MegatronCritic(ModelWorker):
-    def __init__(self, hf_dir: str, cfg):
+class MegatronCritic(ModelShard):
+    def __init__(self, hf_dir: str, cfg: Config):
         super().__init__(hf_dir, cfg, trainable=True, value_head=True)
 
     def values(self, input_ids: torch.Tensor, micro_batch_size: int | None = None,

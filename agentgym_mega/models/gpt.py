@@ -29,8 +29,9 @@ _LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
-    """How one model is split over ranks; from ``parallel`` in the config."""
+class ModelSplit:
+    """How one model is split over ranks (and what its layers recompute); from ``parallel`` in
+    the config. Not memory_plan.Layout, which places a whole run."""
 
     tp: int = 1
     pp: int = 1
@@ -38,7 +39,7 @@ class Layout:
     recompute: str = "none"  # none | selective | full
 
     @classmethod
-    def of(cls, parallel) -> "Layout":
+    def of(cls, parallel) -> "ModelSplit":
         return cls(parallel.tp, parallel.pp, parallel.sequence_parallel, parallel.recompute)
 
 
@@ -109,18 +110,18 @@ def _leave_uninitialised(weight: torch.Tensor) -> None:
     """megatron's init method for weights that are loaded next."""
 
 
-def transformer_config(hf_config, layout: Layout, dtype: torch.dtype):
+def transformer_config(hf_config, split: ModelSplit, dtype: torch.dtype):
     from megatron.core.transformer import TransformerConfig
 
     arch = check_architecture(hf_config)
     geo = mapping.Geometry.of(hf_config, padded_vocab=0)
-    check_split(geo.layers, geo.kv_heads, geo.ffn, layout.tp, layout.pp)
-    if layout.sequence_parallel and not te_available():
+    check_split(geo.layers, geo.kv_heads, geo.ffn, split.tp, split.pp)
+    if split.sequence_parallel and not te_available():
         raise mapping.MappingError(
             "parallel.sequence_parallel=true needs Transformer Engine (megatron's local layer spec "
             "norms have no sequence-parallel path); set it false where TE is absent (CPU)")
-    recompute = {} if layout.recompute == "none" else {"recompute_granularity": layout.recompute}
-    if layout.recompute == "full":
+    recompute = {} if split.recompute == "none" else {"recompute_granularity": split.recompute}
+    if split.recompute == "full":
         recompute.update(recompute_method="uniform", recompute_num_layers=1)
     cpu = platform.cpu_megatron.is_enabled()
     return TransformerConfig(
@@ -138,9 +139,9 @@ def transformer_config(hf_config, layout: Layout, dtype: torch.dtype):
         add_qkv_bias=arch.qkv_bias,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        tensor_model_parallel_size=layout.tp,
-        pipeline_model_parallel_size=layout.pp,
-        sequence_parallel=layout.sequence_parallel,
+        tensor_model_parallel_size=split.tp,
+        pipeline_model_parallel_size=split.pp,
+        sequence_parallel=split.sequence_parallel,
         # Each rank allocates only its shard, on its device (megatron's CPU initialisation would
         # build every full-size fp32 matrix first, to split it). The weights are filled from HF
         # or a checkpoint right after, so drawing random ones is skipped; initialisation itself
@@ -210,7 +211,7 @@ def sdpa_attention() -> type:
     megatron's ``DotProductAttention`` materialises every ``[b, heads, s, s]`` score matrix, masks
     it and keeps the probabilities for the backward pass; where Transformer Engine is absent (CPU)
     that was a third of a training step's time at 600-token sequences. torch's fused kernel
-    computes the same causal attention blockwise. Only the case the workers run is taken over:
+    computes the same causal attention blockwise. Only the case the model shards run is taken over:
     causal, no explicit mask, vanilla softmax, no window; anything else goes to megatron's own path.
     """
     from megatron.core import tensor_parallel
@@ -309,7 +310,7 @@ def value_gpt_model() -> type:
     return ValueGPTModel
 
 
-def build_gpt(hf_config, layout: Layout, dtype: torch.dtype, value_head: bool = False):
+def build_gpt(hf_config, split: ModelSplit, dtype: torch.dtype, value_head: bool = False):
     """This rank's ``GPTModel`` for ``hf_config``, uninitialised (fill it from
     :mod:`agentgym_mega.models.weights` or a checkpoint): the policy's model, whose logits come
     out ``[s, b, V / tp]``, or with ``value_head`` the critic's, whose scalar head replaces the LM
@@ -317,7 +318,7 @@ def build_gpt(hf_config, layout: Layout, dtype: torch.dtype, value_head: bool = 
     from megatron.core import parallel_state
     from megatron.core.models.gpt import gpt_layer_specs
 
-    config = transformer_config(hf_config, layout, dtype)
+    config = transformer_config(hf_config, split, dtype)
     if te_available():
         spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
     else:
@@ -328,7 +329,7 @@ def build_gpt(hf_config, layout: Layout, dtype: torch.dtype, value_head: bool = 
     model = model_class(
         config=config,
         transformer_layer_spec=spec,
-        vocab_size=padded_vocab_size(hf_config.vocab_size, layout.tp),
+        vocab_size=padded_vocab_size(hf_config.vocab_size, split.tp),
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),

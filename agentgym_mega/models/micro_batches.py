@@ -5,7 +5,7 @@ in order), or a token budget (`trainer.max_tokens_per_gpu`): whole sequences, so
 first, cut into consecutive bins whose padded size (longest sequence x sequences) stays within the
 budget, so that sequences of like length are padded together. (Bins balanced by real tokens, as
 verl deals them for packed sequences, mix long and short ones; padded, they made the demo model's
-log-prob pass and updates slower, docs/results.md.) Pure functions: the worker applies them and puts
+log-prob pass and updates slower, docs/results.md.) Pure functions: the model shard applies them and puts
 the results back in the slice's order.
 """
 

@@ -11,8 +11,8 @@ import dataclasses
 
 import torch
 
-# Statuses of episodes that say nothing about the policy: counted, never trained on.
-UNTRAINED = ("env_error", "timeout")
+from agentgym_mega.rollout.status import UNTRAINED, Status
+
 # The [B, T] fields a rollout fills, and those the later stages add.
 ROLLOUT_FIELDS = ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs", "rewards", "weight_versions")
 LATER_FIELDS = ("old_logprobs", "ref_logprobs", "values", "advantages", "returns")
@@ -26,16 +26,44 @@ class Episode:
     score: float  # the environment's episode score on [0, 1] (envs.server: episode_score)
     success: bool  # what the environment calls success (envs.server: success)
     turns: int
-    # "done": the env said done; "horizon": the turn cap ended it; "truncated": the context
-    # limit (max_model_len) ended it; "env_error": the env server failed; "timeout": the episode's
-    # wall-clock limit or an env step's timeout ended it (the last two are UNTRAINED).
-    status: str
+    status: Status
     response_tokens: int  # tokens the policy generated (the loss-masked ones)
     error: str | None = None
 
     @property
     def trained(self) -> bool:
         return self.status not in UNTRAINED
+
+
+class _Tensors:
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The fields that are set, by name: what a model shard cuts into micro-batches."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclasses.dataclass
+class PolicyUpdateBatch(_Tensors):
+    """What one actor optimizer step reads of a mini-batch; sent to every trainer rank (through
+    Ray's object store) without the rest of the record."""
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    attention_mask: torch.Tensor | None = None  # None: every position is a real token
+    ref_logprobs: torch.Tensor | None = None  # with a KL loss
+
+
+@dataclasses.dataclass
+class ValueUpdateBatch(_Tensors):
+    """What one critic optimizer step reads of a mini-batch (its values at rollout time as
+    `old_values`, for the clipped value loss)."""
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    old_values: torch.Tensor
+    returns: torch.Tensor
+    attention_mask: torch.Tensor | None = None  # None: every position is a real token
 
 
 @dataclasses.dataclass
@@ -62,6 +90,14 @@ class TrajectoryBatch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    def for_policy_update(self) -> PolicyUpdateBatch:
+        return PolicyUpdateBatch(self.input_ids, self.loss_mask, self.old_logprobs, self.advantages,
+                                 attention_mask=self.attention_mask, ref_logprobs=self.ref_logprobs)
+
+    def for_value_update(self) -> ValueUpdateBatch:
+        return ValueUpdateBatch(self.input_ids, self.loss_mask, old_values=self.values, returns=self.returns,
+                                attention_mask=self.attention_mask)
 
     def _tensor_fields(self):
         return [f.name for f in dataclasses.fields(self) if f.name != "episodes"]
@@ -108,9 +144,11 @@ class TrajectoryBatch:
         a checkpoint keeps the rollout that the next step trains on (one-step off-policy)."""
         self._require_rollout_only("state")
         return {**{name: getattr(self, name) for name in ROLLOUT_FIELDS}, "group_ids": self.group_ids,
-                "scores": self.scores, "episodes": [dataclasses.asdict(e) for e in self.episodes]}
+                "scores": self.scores,
+                # the status as a plain str: weights_only loading refuses an enum class
+                "episodes": [dataclasses.asdict(e) | {"status": str(e.status)} for e in self.episodes]}
 
     @classmethod
     def from_state(cls, state: dict) -> "TrajectoryBatch":
         return cls(**{k: v for k, v in state.items() if k != "episodes"},
-                   episodes=[Episode(**e) for e in state["episodes"]])
+                   episodes=[Episode(**e | {"status": Status(e["status"])}) for e in state["episodes"]])

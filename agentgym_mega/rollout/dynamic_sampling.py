@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 from agentgym_mega.rollout.batch import TrajectoryBatch
+
+if TYPE_CHECKING:
+    from agentgym_mega.config import Config
 
 
 def groups_with_spread(batch: TrajectoryBatch) -> set[int]:
@@ -44,7 +48,7 @@ def _numbered(groups: list[TrajectoryBatch], pad_id: int) -> TrajectoryBatch:
     return batch
 
 
-def collect_batch(rollout, sampler, cfg, step: int, max_turns: int) -> tuple[TrajectoryBatch, dict]:
+def collect_batch(rollout, sampler, cfg: Config, step: int, max_turns: int) -> tuple[TrajectoryBatch, dict]:
     """The step's batch of trainer.batch_size groups and the rollout's metrics (timings, and with
     dynamic sampling the groups drawn, dropped and kept flat)."""
     seed = (cfg.trainer.seed, step) if cfg.rollout.seeded else None

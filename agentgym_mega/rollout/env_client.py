@@ -8,7 +8,7 @@ and so does every item of a server that cannot be reached, so one broken instanc
 its own episodes, never the round; a server that rejects a whole request (a wrong secret, limits
 below the client's) raises `EnvRequestRejected`, since every later round would fail the same way.
 Step results carry `episode_score` (on [0, 1]) and `success` beside AgentGym's fields (see `envs`).
-`start_servers` runs servers as Ray actors (`num_gpus=0`) when the trainer starts them itself.
+`start_servers` runs servers as Ray processes (`num_gpus=0`) when the trainer starts them itself.
 """
 
 from __future__ import annotations
@@ -261,20 +261,20 @@ def wait_healthy(url: str, timeout: float = 120.0) -> dict:
 def start_servers(env: str, num_servers: int, max_instances: int | None = None, idle_timeout: float = 600.0,
                   num_cpus: float = 1, options=None, secret: str | None = None,
                   env_options: dict | None = None) -> tuple[list, list[str]]:
-    """Starts `num_servers` servers as Ray actors on CPU (num_gpus=0); returns (actors, urls).
-    `options(i)`, when given, are server i's Ray actor options (see cluster.Placement);
+    """Starts `num_servers` servers as Ray processes on CPU (num_gpus=0); returns (their Ray
+    processes, urls). `options(i)`, when given, are server i's Ray options (see cluster.Placement);
     `env_options`, the environment kind's own (`env.options`).
 
     `secret`: the servers require it as `Authorization: Bearer <secret>`; give EnvClient the same.
     On a multi-node Ray cluster the servers bind the node's address, so a secret is required there.
     Servers sharing a node split its memory: each may fill MEMORY_SHARE / ceil(num_servers / nodes) of
     what the node has available (the trainer's placement spreads servers evenly over the nodes).
-    `max_instances` None: each server's memory cap. Keep the actors referenced: a server lives as
-    long as its actor.
+    `max_instances` None: each server's memory cap. Keep the processes referenced: a server lives as
+    long as its Ray handle.
     """
     import ray
 
-    from agentgym_mega.rollout.env_server_actor import EnvServerActor
+    from agentgym_mega.rollout.env_server_process import EnvServerProcess
     from envs.server import check_secret, is_loopback
 
     if not ray.is_initialized():
@@ -287,12 +287,12 @@ def start_servers(env: str, num_servers: int, max_instances: int | None = None, 
     # The servers read these (make_server); an empty secret means none, over any inherited one.
     env_vars = {limits.MEMORY_SHARE_ENV: str(limits.MEMORY_SHARE / math.ceil(num_servers / nodes)),
                 limits.SECRET_ENV: "" if secret is None else check_secret(secret, "start_servers(secret=...)")}
-    actors = []
+    procs = []
     for i in range(num_servers):
         opts = dict(options(i) if options else {"num_gpus": 0, "num_cpus": num_cpus})
         runtime_env = dict(opts.get("runtime_env") or {})
         runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env_vars}
         opts["runtime_env"] = runtime_env
-        actors.append(ray.remote(**opts)(EnvServerActor).remote(env, max_instances, idle_timeout, env_options))
-    urls = ray.get([a.url.remote() for a in actors])
-    return actors, urls
+        procs.append(ray.remote(**opts)(EnvServerProcess).remote(env, max_instances, idle_timeout, env_options))
+    urls = ray.get([p.url.remote() for p in procs])
+    return procs, urls

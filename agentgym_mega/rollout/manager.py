@@ -24,15 +24,20 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
 
 import envs
 from agentgym_mega.remote import call_async
-from agentgym_mega.rollout.batch import UNTRAINED, Episode, TrajectoryBatch
+from agentgym_mega.rollout.batch import Episode, TrajectoryBatch
+from agentgym_mega.rollout.status import UNTRAINED, Status
 from agentgym_mega.rollout.engines import SamplingConfig
 from agentgym_mega.rollout.env_client import TIMEOUT_STATUS, StepGroups
 from envs.environment import Task
+
+if TYPE_CHECKING:
+    from agentgym_mega.config import Config
 
 
 def request_seed(seed: tuple[int, ...], episode: int, turn: int) -> int:
@@ -57,9 +62,9 @@ class _Live:
     turns: int = 0
     score: float = 0.0
     success: bool = False
-    status: str | None = None  # set when the episode ends
+    status: Status | None = None  # set when the episode ends
     error: str | None = None
-    deadline: float | None = None  # time.monotonic() past which it ends as "timeout"; set at its first turn
+    deadline: float | None = None  # time.monotonic() past which it ends as Status.TIMEOUT; set at its first turn
 
     def add(self, ids, sampled: bool, logprobs=None, version: int = -1):
         self.ids += ids
@@ -159,7 +164,7 @@ def instruction_for(env_cfg) -> str | None:
 
 class RolloutManager:
     @classmethod
-    def from_config(cls, cfg, engines: list, env, tokenizer) -> "RolloutManager":
+    def from_config(cls, cfg: Config, engines: list, env, tokenizer) -> "RolloutManager":
         """The manager a run's config describes: its sampling, context limit, instruction, mode
         and time limits (training and evaluation build theirs here, so both see the same
         episodes)."""
@@ -217,7 +222,7 @@ class RolloutManager:
         try:
             for ep, result in zip(live, self.env.reset(handles, [ep.task.id for ep in live])):
                 if "error" in result:
-                    ep.status, ep.error = "env_error", result["error"]
+                    ep.status, ep.error = Status.ENV_ERROR, result["error"]
                 else:
                     ep.add(self.turns.first(result["observation"]), sampled=False)
             if self.mode == "async":
@@ -247,9 +252,9 @@ class RolloutManager:
         if ep.deadline is None:
             ep.deadline = time.monotonic() + self.episode_timeout_s if self.episode_timeout_s else math.inf
         if ep.status is None and len(ep.ids) >= self.max_model_len:
-            ep.status = "truncated"
+            ep.status = Status.TRUNCATED
         if ep.status is None and time.monotonic() >= ep.deadline:
-            ep.status, ep.error = "timeout", f"the episode's {self.episode_timeout_s:g} s wall-clock limit passed"
+            ep.status, ep.error = Status.TIMEOUT, f"the episode's {self.episode_timeout_s:g} s wall-clock limit passed"
         return ep.status is None
 
     def _request(self, ep: _Live) -> tuple[int | None, int]:
@@ -284,19 +289,19 @@ class RolloutManager:
         """The env's answer to a turn; at the episode's turn cap an episode that is not done ends
         at the horizon (no observation is appended that nobody answers)."""
         if "error" in result:
-            ep.status = "timeout" if result.get("status") == TIMEOUT_STATUS else "env_error"
+            ep.status = Status.TIMEOUT if result.get("status") == TIMEOUT_STATUS else Status.ENV_ERROR
             ep.error = result["error"]
             return
         # The server's episode score on [0, 1] and its own success verdict (a SciWorld step's
         # reward is only the score's change).
         ep.score, ep.success = float(result["episode_score"]), bool(result["success"])
         if result["done"] or ep.turns >= ep.max_turns:
-            ep.status = "done" if result["done"] else "horizon"
+            ep.status = Status.DONE if result["done"] else Status.HORIZON
             return
         with self._tokenizing:
             ep.add(self.turns.after_reply(generation.token_ids, result["observation"]), sampled=False)
         if len(ep.ids) >= self.max_model_len:
-            ep.status = "truncated"
+            ep.status = Status.TRUNCATED
             ep.ids, ep.mask, ep.logprobs, ep.versions = (x[: self.max_model_len] for x in
                                                          (ep.ids, ep.mask, ep.logprobs, ep.versions))
 
@@ -335,7 +340,7 @@ class RolloutManager:
             try:
                 generation = wait(None if ep.deadline == math.inf else max(ep.deadline - time.monotonic(), 0))[0]
             except TimeoutError:
-                ep.status = "timeout"
+                ep.status = Status.TIMEOUT
                 ep.error = f"the episode's {self.episode_timeout_s:g} s wall-clock limit passed while generating"
                 call_async(self._pool, engines[ep.engine], "abort", key)  # its tokens would only be thrown away
                 return

@@ -39,7 +39,7 @@ import math
 
 from agentgym_mega import memory_plan as mp
 from agentgym_mega.cluster import roles as run_roles
-from agentgym_mega.config import ConfigError, apply_overrides, to_dict, validate
+from agentgym_mega.config import Config, ConfigError, apply_overrides, to_dict, validate
 from agentgym_mega.errors import BadInput
 from agentgym_mega.scaling.assumptions import Hardware, Workload
 
@@ -48,7 +48,7 @@ RECIPES = ("configs/recipes/textcraft_qwen2.5-7b.yaml", "configs/recipes/textcra
 PHASES = ("rollout", "logprob", "train", "sync", "offload")
 
 
-def scaled(cfg, nodes: int, gpus_per_node: int) -> list[str]:
+def scaled(cfg: Config, nodes: int, gpus_per_node: int) -> list[str]:
     """Overrides that give the recipe `nodes` nodes: DP grows, engines follow the trainer GPUs."""
     base = mp.Layout.of(cfg, gpus_per_node, 80.0, None)
     factor = nodes / base.nodes_used
@@ -63,7 +63,7 @@ def _bubble(pp: int, tokens_per_rank: float, micro_tokens: int) -> float:
     return 1 + (pp - 1) / max(1, math.ceil(tokens_per_rank / micro_tokens))
 
 
-def estimate(cfg, hf: dict, nodes: int, hw: Hardware, work: Workload, gpus_per_node: int = 8,
+def estimate(cfg: Config, hf: dict, nodes: int, hw: Hardware, work: Workload, gpus_per_node: int = 8,
              gpu_mem_gb: float = 80.0) -> dict:
     """One row: the layout at `nodes` and its seconds per phase, or `error` naming why it has none."""
     try:

@@ -28,7 +28,7 @@ import time
 from ray.cluster_utils import Cluster
 
 from agentgym_mega.cluster import Placement
-from agentgym_mega.config import ConfigError, load_config
+from agentgym_mega.config import Config, ConfigError, load_config
 from agentgym_mega.errors import BadInput
 
 NODES = "nodes"  # the sweep key that is not a config key
@@ -131,12 +131,12 @@ def train_command(config: str, overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", "agentgym_mega.cli", "train", "--config", config, *overrides]
 
 
-def cpus_per_node(cfg, nodes: int) -> int:
+def cpus_per_node(cfg: Config, nodes: int) -> int:
     """An equal share of the logical CPUs the run's bundles need, so that they fill the nodes."""
     return math.ceil(Placement.cpus_needed(cfg) / nodes)
 
 
-def run_local(point: Point, cfg, command: list[str], log_path: str, joining: bool,
+def run_local(point: Point, cfg: Config, command: list[str], log_path: str, joining: bool,
               per_node: int | None = None) -> int:
     """One point's run here, its output to `log_path`; returns its exit code. Without a cluster to
     join, the point gets a fresh one of `point.nodes` (1) raylets, removed afterwards."""

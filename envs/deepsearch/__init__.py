@@ -22,7 +22,7 @@ from envs.environment import InvalidCreate, Kind, Task
 
 
 def configure(opts):
-    """The Kind for validated `options.Options`: the questions loaded, the retriever opened."""
+    """The Kind for validated `options.DeepSearchOptions`: the questions loaded, the retriever opened."""
     from envs.deepsearch import retriever, tasks
     from envs.deepsearch.env import DeepSearchEnv
 

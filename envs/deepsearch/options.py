@@ -35,7 +35,7 @@ _PATHS = ("data_dir", "index_dir", "corpus", "retriever_secret_file")
 
 # Lax mode on purpose: `--option topk=5` arrives as a string.
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
-class Options:
+class DeepSearchOptions:
     data_dir: str = DATA_DIR
     retriever_url: Optional[Annotated[str, Field(pattern=r"^https?://")]] = None
     retriever_secret_file: Optional[str] = None
@@ -47,9 +47,9 @@ class Options:
     max_query_chars: Annotated[int, Field(ge=1)] = 1000
 
 
-def check(options: dict) -> Options:
+def check(options: dict) -> DeepSearchOptions:
     """The options validated, paths made absolute (servers may run in another directory)."""
-    opts = validate(Options, options, "deepsearch")
+    opts = validate(DeepSearchOptions, options, "deepsearch")
     sources = [k for k in ("retriever_url", "index_dir", "corpus") if getattr(opts, k) is not None]
     if len(sources) > 1:
         raise ValueError(f"deepsearch options {' and '.join(sources)} both name a retriever; give one of "

@@ -336,7 +336,7 @@ class RemoteRetriever:
 
 
 def open_retriever(opts) -> LocalRetriever | RemoteRetriever:
-    """The retriever Deep Search's options (`envs.deepsearch.options.Options`) name: a server at
+    """The retriever Deep Search's options (`envs.deepsearch.options.DeepSearchOptions`) name: a server at
     `retriever_url` (sent the secret of `retriever_secret_file`, else $AGENTGYM_MEGA_SECRET when
     set), the index in `index_dir`, or `corpus` (default: the data directory's corpus.jsonl)
     indexed with BM25 now."""

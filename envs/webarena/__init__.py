@@ -30,7 +30,7 @@ from envs.webarena.options import chromium_path
 
 
 def configure(opts):
-    """The Kind for validated `options.Options`: tasks loaded, the shop started, the browser made."""
+    """The Kind for validated `options.WebArenaOptions`: tasks loaded, the shop started, the browser made."""
     from envs.webarena import evaluators, tasks
     from envs.webarena.browser import Browser
     from envs.webarena.env import Shared, WebArenaEnv

@@ -26,7 +26,7 @@ from playwright.async_api import TimeoutError as PlaywrightTimeout
 from envs.environment import InstanceFailed
 from envs.webarena import actions, evaluators
 from envs.webarena.browser import Browser, BrowserTimeout, accessibility_tree, cdp_session
-from envs.webarena.options import Options
+from envs.webarena.options import WebArenaOptions
 from envs.webarena.tasks import WebTask
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class Shared:
 
     browser: Browser
     tasks: list[WebTask]
-    opts: Options
+    opts: WebArenaOptions
     judge: evaluators.Judge | None
     unjudged: int = 0
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -265,7 +265,7 @@ class WebArenaEnv:
                 "stopped; this is what the tab shows now.")
 
     # -- the score --------------------------------------------------------------------------
-    def _evaluate(self, answer: str) -> evaluators.Outcome:
+    def _evaluate(self, answer: str) -> evaluators.Verdict:
         task = self._task
         outcome = evaluators.evaluate(task.eval, task.intent, answer, self._page.url, self._fetch, self._shared.judge)
         if outcome.unjudged:

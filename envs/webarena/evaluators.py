@@ -13,7 +13,7 @@ episode in [0, 1] and the episode's score is their product (every check must pas
 - `program_html` reads what a JavaScript locator yields on a page (the browser side's `fetch`)
   and requires the listed contents in it.
 
-Without a judge, fuzzy references are skipped rather than guessed: `Outcome.unjudged` counts them,
+Without a judge, fuzzy references are skipped rather than guessed: `Verdict.unjudged` counts them,
 and a `string_match` that had nothing else to check scores 0. Any reference may hold alternatives
 joined by " |OR| " (one suffices). `check_eval_config` refuses, at load time, configs these
 functions cannot score faithfully.
@@ -44,7 +44,10 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class Verdict:
+    """How an episode's answer and final page scored against a task's references: the product of
+    `parts` (each eval type's score), the fuzzy references skipped and what each failed check saw."""
+
     score: float
     parts: dict[str, float]
     unjudged: int
@@ -176,7 +179,7 @@ def program_html(targets: list[dict], fetch: Callable[[str, str], str]) -> tuple
 
 
 def evaluate(eval_config: dict, intent: str, answer: str, url: str, fetch: Callable[[str, str], str],
-             judge: Judge | None) -> Outcome:
+             judge: Judge | None) -> Verdict:
     """Scores an episode that stopped with `answer` on page `url`. JudgeError propagates: a judge
     that cannot answer is the caller's to report, not a wrong answer."""
     parts, unjudged, notes = {}, 0, []
@@ -197,7 +200,7 @@ def evaluate(eval_config: dict, intent: str, answer: str, url: str, fetch: Calla
     score = 1.0
     for value in parts.values():
         score *= value
-    return Outcome(score=score, parts=parts, unjudged=unjudged, notes=notes)
+    return Verdict(score=score, parts=parts, unjudged=unjudged, notes=notes)
 
 
 def _short(text: str, limit: int = 120) -> str:

@@ -40,7 +40,7 @@ _URL = Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$")]
 
 
 @dataclass(frozen=True, config=ConfigDict(extra="forbid"))
-class Options:
+class WebArenaOptions:
     sites: dict[str, _URL] = dataclasses.field(default_factory=dict)
     tasks: str = TASKS
     chromium: Optional[str] = None
@@ -54,9 +54,9 @@ class Options:
     judge_key_file: Optional[str] = None
 
 
-def check(options: dict) -> Options:
+def check(options: dict) -> WebArenaOptions:
     """The options validated: site names known, URLs without a trailing slash, paths absolute."""
-    opts = validate(Options, options, "webarena")
+    opts = validate(WebArenaOptions, options, "webarena")
     unknown = sorted(set(opts.sites) - set(SITES))
     if unknown:
         raise ValueError(f"webarena sites {unknown} are not known; allowed: {', '.join(SITES)}")
@@ -70,7 +70,7 @@ def check(options: dict) -> Options:
     return dataclasses.replace(opts, sites=sites, **paths)
 
 
-def chromium_path(opts: Options) -> str:
+def chromium_path(opts: WebArenaOptions) -> str:
     """The browser binary, looked up where the server runs (the trainer's node may have none)."""
     found = opts.chromium or shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None or not os.access(found, os.X_OK):

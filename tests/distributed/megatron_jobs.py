@@ -35,7 +35,7 @@ def tokens(vocab: int, batch: int = 4, seq: int = SEQ, seed: int = 0) -> torch.T
 
 def sft_loss(logp, entropy, mb):
     """A fixed loss to minimise: mean negative log-likelihood of the batch's tokens, as the
-    (total, count, metric totals) the workers take."""
+    (total, count, metric totals) the model shards take."""
     count = torch.tensor(logp[:, 1:].numel())
     return -logp[:, 1:].sum(), count, {"entropy": entropy[:, 1:].sum()}
 
@@ -238,7 +238,7 @@ LENGTHS = [24, 10, 17, 5, 24, 12, 8, 20]  # real lengths of a ragged batch of 8,
 
 
 def masked_nll(logp, entropy, mb):
-    """Mean NLL of the real tokens after the first (the workers' (total, count, metrics) form)."""
+    """Mean NLL of the real tokens after the first (the model shards' (total, count, metrics) form)."""
     mask = mb["loss_mask"]
     return -(logp * mask).sum(), mask.sum(), {"entropy": (entropy * mask).sum()}
 
@@ -357,8 +357,8 @@ def attention_job(hf_dir: str) -> dict:
 
     platform.init_distributed(tp=1, pp=1, seed=0)
     hf_config = gpt.load_hf_config(hf_dir)
-    model = gpt.build_gpt(hf_config, gpt.Layout(), torch.float32)
-    config = gpt.transformer_config(hf_config, gpt.Layout(), torch.float32)
+    model = gpt.build_gpt(hf_config, gpt.ModelSplit(), torch.float32)
+    config = gpt.transformer_config(hf_config, gpt.ModelSplit(), torch.float32)
     heads, groups, dim = config.num_attention_heads, config.num_query_groups, config.kv_channels
     g = torch.Generator().manual_seed(0)
     qkv = [torch.randn(9, 3, n, dim, generator=g) for n in (heads, groups, groups)]

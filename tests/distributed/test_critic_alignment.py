@@ -55,7 +55,7 @@ def test_values_are_of_the_state_before_each_token(run):
 def test_gae_through_critic_values_uses_the_aligned_values(run):
     from agentgym_mega.algorithms import compute_advantages
     from agentgym_mega.config import AlgorithmConfig
-    from agentgym_mega.rollout.batch import Episode, TrajectoryBatch
+    from agentgym_mega.rollout.batch import Episode, Status, TrajectoryBatch
 
     values, head_at = run
     # prompt 0-2, a reply at 3-4, an observation 5-6, a reply at 7-8, padding 9 (row 0);
@@ -63,7 +63,7 @@ def test_gae_through_critic_values_uses_the_aligned_values(run):
     mask = torch.tensor([[0, 0, 0, 1, 1, 0, 0, 1, 1, 0], [0, 0, 1, 1, 1, 1, 0, 0, 0, 0]], dtype=torch.float)
     rewards = torch.zeros(2, 10)
     rewards[0, 8], rewards[1, 5] = 1.0, 0.5
-    episodes = [Episode(0, "", i, float(rewards[i].sum()), True, 2, "done", int(mask[i].sum())) for i in range(2)]
+    episodes = [Episode(0, "", i, float(rewards[i].sum()), True, 2, Status.DONE, int(mask[i].sum())) for i in range(2)]
     batch = TrajectoryBatch(
         input_ids=torch.zeros(2, 10, dtype=torch.long), attention_mask=torch.ones(2, 10, dtype=torch.long),
         loss_mask=mask, rollout_logprobs=torch.zeros(2, 10), rewards=rewards, group_ids=torch.tensor([0, 1]),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from agentgym_mega.config import load_config
+from agentgym_mega.rollout.batch import PolicyUpdateBatch
 from agentgym_mega.rollout.engines import SamplingConfig
 from tests.e2e.test_megatron_to_vllm import logprob_gap, sequences
 
@@ -72,7 +73,7 @@ def test_tp2_pp2_stages_sync_two_tp2_engines_all_or_nothing(tmp_path):
             generated = ray.get(engines[0].generate.remote(PROMPTS, SAMPLING, SEEDS))
             ids, mask = sequences(PROMPTS, generated)
             old = group.logprobs(ids, 1.0)
-            group.update({"input_ids": ids, "loss_mask": mask, "old_logprobs": old, "advantages": mask.clone()}, 1.0)
+            group.update(PolicyUpdateBatch(ids, loss_mask=mask, old_logprobs=old, advantages=mask.clone()), 1.0)
 
         def parity(engine) -> list:
             generated = ray.get(engine.generate.remote(PROMPTS, SAMPLING, SEEDS))

@@ -1,10 +1,11 @@
-"""A megatron-core actor trained at TP=2 (two gloo ranks in Ray actors) streams its weights into
+"""A megatron-core actor trained at TP=2 (two gloo ranks in Ray processes) streams its weights into
 a vLLM engine; vLLM's log-probs then match the actor's recomputed ones (fp32)."""
 
 import pytest
 import torch
 
 from agentgym_mega.config import load_config
+from agentgym_mega.rollout.batch import PolicyUpdateBatch
 from agentgym_mega.rollout.engines import SamplingConfig
 
 pytestmark = pytest.mark.slow
@@ -68,8 +69,8 @@ def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
         # Three PPO steps that push up the sampled tokens (advantage +1 on every one).
         for _ in range(3):
             old = group.logprobs(ids, 1.0)
-            metrics = group.update({"input_ids": ids, "loss_mask": mask, "old_logprobs": old,
-                                    "advantages": mask.clone()}, 1.0)
+            batch = PolicyUpdateBatch(ids, loss_mask=mask, old_logprobs=old, advantages=mask.clone())
+            metrics = group.update(batch, 1.0)
             assert metrics["grad_norm"] > 0
         trained = group.logprobs(ids, 1.0)
         assert (trained - old)[mask.bool()].mean() > 0  # the update moved the policy
@@ -78,7 +79,7 @@ def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
         # rank 1 still gets through the collective gather instead of waiting in it forever.
         gone = ray.remote(num_cpus=0)(Gone).remote()
         ray.kill(gone)
-        failed = [r.sync_weights.remote([gone], 1) for r in group.ranks]
+        failed = [r.sync_weights.remote([gone], 1) for r in group.rank_procs]
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(failed[0], timeout=120)
         assert ray.get(failed[1], timeout=120) is None

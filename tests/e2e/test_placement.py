@@ -1,5 +1,5 @@
 """Placement groups on a local Ray told of 4 logical GPUs (no hardware needed): the options
-cluster.Placement gives each actor put it where the layout says. Probe actors report what Ray
+cluster.Placement gives each process put it where the layout says. Probe processes report what Ray
 assigned them (placement group, GPU ids); colocated engines share the trainer's GPUs, split
 engines get others, env servers get CPUs only."""
 
@@ -28,7 +28,7 @@ def logical_gpus():
 
 @pytest.fixture(scope="module")
 def layouts(logical_gpus) -> dict:
-    """Where each probe landed, per layout (actors start slowly on 2 cores: each layout once)."""
+    """Where each probe landed, per layout (processes start slowly on 2 cores: each layout once)."""
     return {"colocated": landed(config("colocated")), "split": landed(config("split")),
             "cpu": landed(config("colocated"), gpus=False)}
 
@@ -45,10 +45,10 @@ def landed(cfg, gpus: bool = True) -> dict:
         probes = {("trainer", i): placement.trainer(i) for i in range(2)}
         probes |= {("engine", i): placement.engine(i) for i in range(2)}
         probes |= {("env", i): placement.env_server(i) for i in range(2)}
-        actors = {key: ray.remote(**options)(Probe).remote() for key, options in probes.items()}
-        where = dict(zip(actors, ray.get([a.where.remote() for a in actors.values()])))
-        for actor in actors.values():
-            ray.kill(actor)
+        procs = {key: ray.remote(**options)(Probe).remote() for key, options in probes.items()}
+        where = dict(zip(procs, ray.get([p.where.remote() for p in procs.values()])))
+        for proc in procs.values():
+            ray.kill(proc)
         return where | {"groups": {name: g.id.hex() for name, g in
                                    (("trainer", placement.trainer_group), ("engine", placement.engine_group))}}
     finally:
@@ -62,7 +62,7 @@ def test_colocated_engines_share_the_trainer_bundles(layouts):
     for i in range(2):
         trainer, engine = where[("trainer", i)], where[("engine", i)]
         assert trainer["group"] == engine["group"] == trainer_group
-        assert len(trainer["gpus"]) == 1 and trainer["gpus"] == engine["gpus"]  # one GPU, two actors
+        assert len(trainer["gpus"]) == 1 and trainer["gpus"] == engine["gpus"]  # one GPU, two processes
         assert trainer["resources"] == engine["resources"] == {"GPU": pytest.approx(0.5)}
     assert where[("trainer", 0)]["gpus"] != where[("trainer", 1)]["gpus"]
 

@@ -35,12 +35,12 @@ def config(*extra: str):
 
 
 def nodes_of(options: list[dict]) -> list[str]:
-    actors = [ray.remote(**o)(Probe).remote() for o in options]
+    procs = [ray.remote(**o)(Probe).remote() for o in options]
     try:
-        return [w["node"] for w in ray.get([a.where.remote() for a in actors])]
+        return [w["node"] for w in ray.get([p.where.remote() for p in procs])]
     finally:
-        for actor in actors:
-            ray.kill(actor)
+        for proc in procs:
+            ray.kill(proc)
 
 
 def transport(placement: Placement, trainer_node: str) -> str:

@@ -1,4 +1,4 @@
-"""Multi-turn rollouts against a real vLLM engine and real TextCraft servers (Ray actors)."""
+"""Multi-turn rollouts against a real vLLM engine and real TextCraft servers (Ray processes)."""
 
 import threading
 import time

@@ -60,7 +60,8 @@ def test_with_offload_the_engines_sleep_while_the_trainer_roles_load_in_one_proc
     with Stack.start(cfg, env=False) as stack:
         assert all(ray.get(e.health.remote())["sleeping"] for e in stack.engines)
         # every role's model lives in the one trainer process of the rank
-        assert len(stack.actor.ranks) == 1 and stack.actor.ranks == stack.ref.ranks == stack.critic.ranks
+        procs = stack.actor.rank_procs
+        assert len(procs) == 1 and procs == stack.ref.rank_procs == stack.critic.rank_procs
         # ... as models of their own: released and restored role by role, the reference scores
         # as the starting actor does, and the critic answers with its value head
         stack.trainers_release()

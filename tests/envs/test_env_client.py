@@ -1,4 +1,4 @@
-"""The trainer's client: servers started as Ray actors on CPU, batched calls fanned out over them,
+"""The trainer's client: servers started as Ray processes on CPU, batched calls fanned out over them,
 split to fit the servers' limits, with the shared secret."""
 
 import json
@@ -81,7 +81,7 @@ def test_step_groups_send_what_arrives_together_as_one_batch(tmp_path):
 def test_ray_actor_servers_and_batched_fan_out():
     ray.init(num_cpus=2, include_dashboard=False)
     try:
-        actors, urls = start_servers("textcraft", num_servers=2, num_cpus=0.5, secret=SECRET)
+        procs, urls = start_servers("textcraft", num_servers=2, num_cpus=0.5, secret=SECRET)
         assert len(set(urls)) == 2
         assert requests.post(urls[0] + "/create").status_code == 401
         health = requests.get(urls[0] + "/health").json()
@@ -102,7 +102,7 @@ def test_ray_actor_servers_and_batched_fan_out():
         assert client.close(handles) == [{"closed": True}] * 8
         assert [requests.get(u + "/health", timeout=10).json()["instances"] for u in urls] == [0, 0]
         # A server that is gone at create time: its instances fail per item, the others work.
-        ray.kill(actors[1])
+        ray.kill(procs[1])
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # ray.kill returns before the process is gone
             try:
@@ -124,7 +124,7 @@ def test_ray_actor_servers_and_batched_fan_out():
 @pytest.mark.slow
 def test_ray_actor_servers_take_the_environments_options(tmp_path):
     # Questions of a source only this directory has: the catalogue names it only if the server
-    # the actor started loaded env_options' data_dir, and its searches use env_options' corpus.
+    # the server process started loaded env_options' data_dir, and its searches use env_options' corpus.
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "train.jsonl").write_text(json.dumps({"question": "Who founded Oriveth?",
                                                                "golden_answers": ["Kaelen Morvast"]}) + "\n")

@@ -200,7 +200,7 @@ CONFIG = {
 
 def test_evaluate_multiplies_every_listed_evaluator():
     out = ev.evaluate(CONFIG, "Which order?", "Order 12", "http://shop/cart/", fetch, FakeJudge())
-    assert out == ev.Outcome(score=1.0, parts={"string_match": 1.0, "url_match": 1.0, "program_html": 1.0},
+    assert out == ev.Verdict(score=1.0, parts={"string_match": 1.0, "url_match": 1.0, "program_html": 1.0},
                              unjudged=0, notes=[])
     out = ev.evaluate(CONFIG, "Which order?", "Order 12", "http://shop/checkout", fetch, FakeJudge())
     assert out.score == 0.0 and out.parts["url_match"] == 0.0 and out.parts["string_match"] == 1.0

@@ -21,7 +21,7 @@ def _engine_side(address, queue, secret):
     receiver.close()
 
 
-# Without a secret as before on ipc://, and with one as cluster.TrainerRank syncs (both ends
+# Without a secret as before on ipc://, and with one as cluster.RankProcess syncs (both ends
 # authenticated before the engine unpickles a handle).
 @pytest.mark.parametrize("secret", [None, new_secret()], ids=["no-secret", "secret"])
 def test_cuda_tensors_travel_as_ipc_handles(secret):

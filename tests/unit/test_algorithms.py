@@ -257,10 +257,10 @@ def test_turn_cap_fixed_and_invalid_steps():
 
 
 def _batch(scores, groups, mask, rewards=None, values=None, statuses=None):
-    from agentgym_mega.rollout.batch import Episode, TrajectoryBatch
+    from agentgym_mega.rollout.batch import Episode, Status, TrajectoryBatch
 
     mask = T(mask)
-    statuses = statuses or ["done"] * len(scores)
+    statuses = statuses or [Status.DONE] * len(scores)
     episodes = [Episode(0, "", g, s, s > 0, 1, status, 1) for g, s, status in zip(groups, scores, statuses)]
     return TrajectoryBatch(
         input_ids=torch.zeros_like(mask, dtype=torch.long), attention_mask=torch.ones_like(mask),
@@ -296,12 +296,12 @@ def test_eval_summary_avg_pass_at_n_and_success():
     import dataclasses
 
     from agentgym_mega.evaluation import summarize
-    from agentgym_mega.rollout.batch import Episode
+    from agentgym_mega.rollout.batch import Episode, Status
 
     def ep(task, category, score):  # success as a SciWorld task has it: full score only
-        return Episode(task, category, task, score, score == 1.0, 3, "done", 10)
+        return Episode(task, category, task, score, score == 1.0, 3, Status.DONE, 10)
 
-    broken = dataclasses.replace(ep(1, "depth1", 1.0), status="env_error")  # left out of every figure
+    broken = dataclasses.replace(ep(1, "depth1", 1.0), status=Status.ENV_ERROR)  # left out of every figure
     episodes = [ep(0, "depth1", 1.0), ep(0, "depth1", 0.0), ep(1, "depth1", 0.0), ep(1, "depth1", 0.0),
                 ep(2, "depth2", 0.5), ep(2, "depth2", 0.5), broken]
     report = summarize(episodes, n=2)
@@ -316,10 +316,11 @@ def test_eval_summary_avg_pass_at_n_and_success():
 
 def test_env_error_episodes_do_not_shift_their_group_baseline():
     from agentgym_mega.algorithms import compute_advantages
+    from agentgym_mega.rollout.batch import Status
 
     # group 0: scores 1, 0 and an env error that scored 0 before it broke; group 1: one valid
     # sample beside an env error, so no baseline at all.
-    statuses = ["done", "done", "env_error", "done", "env_error"]
+    statuses = [Status.DONE, Status.DONE, Status.ENV_ERROR, Status.DONE, Status.ENV_ERROR]
     scores, groups = [1.0, 0.0, 0.0, 1.0, 0.0], [0, 0, 0, 1, 1]
     valid = T([True, True, False, True, False])
     torch.testing.assert_close(rloo_advantages(T(scores), T(groups), valid), T([1.0, -1.0, 0.0, 0.0, 0.0]))
@@ -359,17 +360,21 @@ def test_rollout_batch_state_round_trips_and_concat_pads():
     with torch.load(weights_only=True); concat pads ids with the pad id and versions with -1."""
     import io
 
-    from agentgym_mega.rollout.batch import TrajectoryBatch
+    from agentgym_mega.rollout.batch import Status, TrajectoryBatch
 
-    batch = _batch([1.0, 0.0], [0, 0], [[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
+    batch = _batch([1.0, 0.0], [0, 0], [[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]], statuses=[Status.DONE, Status.TIMEOUT])
     batch.weight_versions = T([[-1, 3, 3], [-1, 3, -1]])
     buffer = io.BytesIO()
-    torch.save(batch.state(), buffer)
+    state = batch.state()
+    assert [type(e["status"]) for e in state["episodes"]] == [str, str]  # the saved form: plain strings
+    assert [e["status"] for e in state["episodes"]] == ["done", "timeout"]
+    torch.save(state, buffer)
     buffer.seek(0)
     again = TrajectoryBatch.from_state(torch.load(buffer, weights_only=True))
     for name in ("input_ids", "loss_mask", "rollout_logprobs", "rewards", "weight_versions", "group_ids", "scores"):
         assert torch.equal(getattr(again, name), getattr(batch, name)), name
-    assert again.episodes == batch.episodes
+    assert again.episodes == batch.episodes and [e.status for e in again.episodes] == [Status.DONE, Status.TIMEOUT]
+    assert all(type(e.status) is Status for e in again.episodes)
 
     narrow = _batch([0.5], [1], [[1.0]])
     narrow.weight_versions = T([[4]])
@@ -380,3 +385,18 @@ def test_rollout_batch_state_round_trips_and_concat_pads():
     batch.old_logprobs = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="old_logprobs"):
         batch.state()
+
+
+def test_update_slices_carry_only_what_a_step_reads():
+    """What crosses Ray to the ranks for an optimizer step: the typed slice, its unset fields
+    left out of the tensors a model shard micro-batches (no KL loss: no ref_logprobs)."""
+    batch = _batch([1.0, 0.0], [0, 0], [[0.0, 1.0], [1.0, 1.0]], values=[[0.5, 0.25], [0.0, 1.0]])
+    batch.old_logprobs, batch.advantages, batch.returns = torch.zeros(2, 2), torch.ones(2, 2), torch.full((2, 2), 2.0)
+    policy = batch.for_policy_update().tensors()
+    assert list(policy) == ["input_ids", "loss_mask", "old_logprobs", "advantages", "attention_mask"]
+    assert all(policy[name] is getattr(batch, name) for name in policy)
+    batch.ref_logprobs = torch.zeros(2, 2)
+    assert "ref_logprobs" in batch.for_policy_update().tensors()
+    value = batch.for_value_update().tensors()
+    assert list(value) == ["input_ids", "loss_mask", "old_values", "returns", "attention_mask"]
+    assert value["old_values"] is batch.values and value["returns"] is batch.returns

@@ -6,7 +6,7 @@ tests/e2e/test_rollout_manager.py runs the same function through vLLM and env se
 import torch
 
 from agentgym_mega.config import load_config
-from agentgym_mega.rollout.batch import Episode, TrajectoryBatch
+from agentgym_mega.rollout.batch import Episode, Status, TrajectoryBatch
 from agentgym_mega.rollout.dynamic_sampling import collect_batch, groups_with_spread
 from agentgym_mega.rollout.tasks import TaskSampler
 from envs.environment import Task
@@ -19,7 +19,7 @@ def _batch(scores: list[list[float]], task_ids: list[int], statuses=None) -> Tra
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     for r, (g, _) in enumerate(rows):
         ids[r, : 2 + r % 3] = torch.tensor([task_ids[g], r] + [7] * (r % 3))
-    statuses = statuses or ["done"] * len(rows)
+    statuses = statuses or [Status.DONE] * len(rows)
     return TrajectoryBatch(
         input_ids=ids, attention_mask=(ids != 0).long(), loss_mask=torch.ones(len(rows), width),
         rollout_logprobs=torch.zeros(len(rows), width), rewards=torch.zeros(len(rows), width),
@@ -47,7 +47,7 @@ def cfg(*overrides):
 
 def test_groups_with_spread_counts_trained_samples_only():
     batch = _batch([[0, 1], [1, 1], [0.5, 0.5], [0, 1]], [1, 2, 3, 4],
-                   statuses=["done"] * 6 + ["done", "env_error"])
+                   statuses=[Status.DONE] * 7 + [Status.ENV_ERROR])
     assert groups_with_spread(batch) == {0}  # group 3's spread came from an untrained sample
 
 

@@ -5,14 +5,14 @@ import json
 import torch
 
 from agentgym_mega.metrics import episode_metrics, plot_rewards
-from agentgym_mega.rollout.batch import Episode
+from agentgym_mega.rollout.batch import Episode, Status
 
 
 def test_episode_metrics_count_outcomes_and_groups_with_spread():
     # task 1's env error, had it counted, would be a sample scoring 1.0 (a spread) and a success
-    episodes = [Episode(0, "a", 0, 1.0, True, 2, "done", 5), Episode(0, "a", 0, 0.5, False, 6, "horizon", 9),
-                Episode(1, "a", 1, 0.0, False, 6, "horizon", 9),
-                Episode(1, "a", 1, 1.0, True, 1, "env_error", 0, "boom")]
+    episodes = [Episode(0, "a", 0, 1.0, True, 2, Status.DONE, 5), Episode(0, "a", 0, 0.5, False, 6, Status.HORIZON, 9),
+                Episode(1, "a", 1, 0.0, False, 6, Status.HORIZON, 9),
+                Episode(1, "a", 1, 1.0, True, 1, Status.ENV_ERROR, 0, "boom")]
 
     class Batch:
         pass

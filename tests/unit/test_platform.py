@@ -184,5 +184,5 @@ def test_megatron_runs_the_fused_paths_through_the_stand_ins_on_cpu():
 
     hf_config = Qwen2Config(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                             num_hidden_layers=2, vocab_size=128, architectures=["Qwen2ForCausalLM"])
-    config = gpt.transformer_config(hf_config, gpt.Layout(), torch.float32)
+    config = gpt.transformer_config(hf_config, gpt.ModelSplit(), torch.float32)
     assert config.apply_rope_fusion and config.bias_activation_fusion and config.gradient_accumulation_fusion

@@ -132,7 +132,7 @@ STAND_INS = {
 
 @pytest.mark.parametrize("node_b_ends", [True, False], ids=["node-lost", "trainer-error"])
 def test_a_trainer_failing_before_the_lost_nodes_step_ends_still_names_the_node(tmp_path, node_b_ends):
-    """The trainer's actors die with a node while that node's Ray step still drains: the job
+    """The trainer's rank processes die with a node while that node's Ray step still drains: the job
     waits for the step and names the node. A trainer that fails with every node alive ends the
     job at once, with its own exit code."""
     for name, body in STAND_INS.items():

@@ -1,6 +1,7 @@
-"""What the actor, the reference policy and the critic share: one megatron ``GPTModel`` built
-from a Hugging Face directory, run over micro-batches through megatron's pipeline schedule, and,
-when trainable, megatron's DDP, distributed optimizer (grad clipping) and LR scheduler.
+"""What the actor, the reference policy and the critic share: a model shard, one trainer rank's
+part of a megatron ``GPTModel`` built from a Hugging Face directory, run over micro-batches
+through megatron's pipeline schedule, and, when trainable, megatron's DDP, distributed optimizer
+(grad clipping) and LR scheduler.
 
 Batches are dicts of ``[B, T]`` tensors, right-padded (the causal mask then needs no attention
 mask: padding only follows real tokens), with an optional ``attention_mask`` giving each
@@ -16,7 +17,7 @@ batch's results in order, ``[B, T, ...]`` (0 past a sequence's micro-batch width
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -30,8 +31,11 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from agentgym_mega.models import checkpoint, gpt, offload, weights
 from agentgym_mega.models.micro_batches import fixed_bins, padded_width, token_bins
 
+if TYPE_CHECKING:
+    from agentgym_mega.config import Config
+
 # (model output on the last stage, micro-batch) -> (loss, results per sample) when only running
-# forward; when training (loss total, count, metric totals), see ModelWorker.train_step.
+# forward; when training (loss total, count, metric totals), see ModelShard.train_step.
 HeadFn = Callable[[torch.Tensor, dict], tuple]
 # micro-batch -> keywords of the model's forward pass for it
 ModelKwargsFn = Callable[[dict], dict]
@@ -57,24 +61,27 @@ def lr_decay_steps(trainer) -> int:
     return trainer.total_steps * (trainer.batch_size // trainer.mini_batch_size) * trainer.ppo_epochs
 
 
-class ModelWorker:
-    def __init__(self, hf_dir: str, cfg, *, trainable: bool = True, value_head: bool = False,
+class ModelShard:
+    """One role's megatron model on one trainer rank (its TP/PP shard, its DP replica).
+    Not a vLLM worker: those are the engines' processes."""
+
+    def __init__(self, hf_dir: str, cfg: Config, *, trainable: bool = True, value_head: bool = False,
                  load_weights: bool = True):
         """``hf_dir``: the HF model (config, tokenizer and, with ``load_weights``, the weights;
         without, the weights come from :meth:`load_checkpoint`)."""
         self.hf_dir = hf_dir
         self.hf_config = gpt.load_hf_config(hf_dir)
-        self.layout = gpt.Layout.of(cfg.parallel)
+        self.split = gpt.ModelSplit.of(cfg.parallel)
         self.dtype = gpt.resolve_dtype(cfg.model.dtype)
         self.value_head = value_head
-        model = gpt.build_gpt(self.hf_config, self.layout, self.dtype, value_head=value_head)
+        model = gpt.build_gpt(self.hf_config, self.split, self.dtype, value_head=value_head)
         # Micro-batches differ in width (and, with a token budget, in sequences): pipeline
         # stages then send each activation's shape ahead of it.
-        model.config.variable_seq_lengths = self.layout.pp > 1
+        model.config.variable_seq_lengths = self.split.pp > 1
         self.micro_batch_size = cfg.trainer.micro_batch_size
         self.max_tokens = cfg.trainer.max_tokens_per_gpu
         # Sequence parallel splits each micro-batch's sequence over the TP ranks.
-        self.width_multiple = self.layout.tp if cfg.parallel.sequence_parallel else 1
+        self.width_multiple = self.split.tp if cfg.parallel.sequence_parallel else 1
         if load_weights:
             weights.load_hf_weights(model, hf_dir, self.hf_config)
         self.optimizer = self.scheduler = None

@@ -1,4 +1,4 @@
-"""An environment server inside a Ray actor: uvicorn runs in a thread of the actor's process."""
+"""An environment server inside a Ray process: uvicorn runs in a thread of that process."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from envs.server import make_server
 START_TIMEOUT_S = 120.0
 
 
-class EnvServerActor:
+class EnvServerProcess:
     def __init__(self, env: str, max_instances: int, idle_timeout: float, env_options: dict | None = None):
         # Loopback on one machine, the node's IP on a cluster; port 0: the OS picks a free port,
         # read back once uvicorn is listening.
