@@ -31,9 +31,9 @@ import torch
 import envs
 from agentgym_mega.remote import call_async
 from agentgym_mega.rollout.batch import Episode, TrajectoryBatch
-from agentgym_mega.rollout.status import UNTRAINED, Status
 from agentgym_mega.rollout.engines import SamplingConfig
 from agentgym_mega.rollout.env_client import TIMEOUT_STATUS, StepGroups
+from agentgym_mega.rollout.status import UNTRAINED, Status
 from envs.environment import Task
 
 if TYPE_CHECKING:
