@@ -241,8 +241,8 @@ async def _start(args):
 
 
 def launch_remote(model: str, *, tp: int = 1, options: dict | None = None, **kwargs):
-    """Starts a VLLMEngine in its own Ray actor process (ray.init must have run) and returns
-    the actor handle. `options`: Ray actor options (a placement, see cluster.Placement);
+    """Starts a VLLMEngine in a Ray process of its own (ray.init must have run) and returns
+    its Ray handle. `options`: Ray options (a placement, see cluster.Placement);
     without them it reserves `tp` GPUs on GPU, one core on CPU."""
     import ray
 
