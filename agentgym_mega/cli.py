@@ -41,9 +41,9 @@ _COUNT = _bounded(int, 1, "an integer >= 1")
 
 
 def _port(text: str) -> int:
-    port = _bounded(int, 1, "a port in 1-65535")(text)
+    port = _bounded(int, 0, "a port in 0-65535")(text)
     if port > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port in 1-65535")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port in 0-65535")
     return port
 
 
@@ -523,7 +523,7 @@ def _add_env_server(sub) -> None:
     )
     p.add_argument("--env", required=True, choices=KINDS, help="environment kind to serve")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=36001, help="port to bind (default 36001)")
+    p.add_argument("--port", type=_port, default=36001, help="port to bind (default 36001; 0: any free one)")
     p.add_argument("--max-instances", type=_COUNT, default=None,
                    help="cap on live instances, below the memory cap (default: the memory cap)")
     p.add_argument("--memory-share", type=_bounded(float, 0, "a fraction in (0, 1]"), default=None,
@@ -588,10 +588,11 @@ def _cmd_env_server(args) -> int:
     except ValueError as exc:  # a setting that is not allowed (make_server names it)
         raise BadInput(str(exc)) from None
     state = server.config.app.state
-    print(f"serving {args.env} on http://{args.host}:{args.port} (cap {state.pool.max_instances} instances: "
-          f"{state.pool.cap_reason}; idle timeout {args.idle_timeout:g} s; "
+    sock = server.config.bind_socket()  # bound before the line below, so it names the port 0 got
+    print(f"serving {args.env} on http://{args.host}:{sock.getsockname()[1]} (cap {state.pool.max_instances} "
+          f"instances: {state.pool.cap_reason}; idle timeout {args.idle_timeout:g} s; "
           f"authentication {'on' if state.secured else 'off'})", file=sys.stderr, flush=True)
-    server.run()
+    server.run(sockets=[sock])
     return 0
 
 
@@ -648,7 +649,7 @@ def _add_retriever(sub) -> None:
     )
     s.add_argument("--index", required=True, help="index directory from `agentgym-mega retriever build`")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    s.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000)")
+    s.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000; 0: any free one)")
     s.add_argument("--mode", choices=retriever.MODES, help="default: dense when the index has it, else bm25")
     s.add_argument("--device", choices=_DEVICES, help="where the dense query encoder runs (default: cuda "
                                                              "when torch sees a GPU, else cpu)")
@@ -686,10 +687,11 @@ def _cmd_retriever_serve(args) -> int:
     except ValueError as exc:  # a setting, index or mode that is not allowed (the message names it)
         raise BadInput(str(exc)) from None
     state = server.config.app.state
+    sock = server.config.bind_socket()  # bound before the line below, so it names the port 0 got
     print(f"serving the {state.retriever.mode} retriever over {len(state.retriever)} passages on "
-          f"http://{args.host}:{args.port} (authentication {'on' if state.secured else 'off'})",
+          f"http://{args.host}:{sock.getsockname()[1]} (authentication {'on' if state.secured else 'off'})",
           file=sys.stderr, flush=True)
-    server.run()
+    server.run(sockets=[sock])
     return 0
 
 

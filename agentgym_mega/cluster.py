@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from agentgym_mega import platform
 from agentgym_mega.config import to_dict, validate
-from agentgym_mega.network import free_port, reachable_ip
+from agentgym_mega.network import host_rendezvous, reachable_ip
 
 ROLES = ("actor", "ref", "critic")
 PLACEMENT_TIMEOUT_S = 600.0
@@ -217,14 +217,14 @@ class TrainerRank:
     """One trainer rank (a Ray actor's body): joins torch.distributed once, then holds a model of
     each role added to it (:meth:`add_role`); every role method names the role it runs."""
 
-    def node_address(self) -> tuple[str, int]:
-        """This node's address and a free port, for rank 0 to host the rendezvous."""
-        host = reachable_ip()
-        return host, free_port(host)
+    def host_rendezvous(self) -> dict[str, str]:
+        """Hosts the rendezvous on this node (rank 0's), bound and held before any rank dials it;
+        returns the variables every rank's env:// needs to join it."""
+        self._rendezvous, master = host_rendezvous(reachable_ip())
+        return master
 
-    def setup(self, rank: int, world: int, master: tuple[str, int], cfg: dict) -> None:
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
-                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+    def setup(self, rank: int, world: int, master: dict[str, str], cfg: dict) -> None:
+        os.environ.update(master, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
         if not platform.has_cuda():
             torch.set_num_threads(1)  # ranks share the cores; oversubscription only slows them
         self.cfg = validate(cfg)
@@ -366,7 +366,7 @@ class TrainerRanks:
         self.actors = [ray.remote(**(placement.trainer(i) if placement else loose))(TrainerRank).remote()
                        for i in range(world)]
         try:
-            master = ray.get(self.actors[0].node_address.remote())
+            master = ray.get(self.actors[0].host_rendezvous.remote())
             ray.get([r.setup.remote(i, world, master, to_dict(cfg)) for i, r in enumerate(self.actors)])
         except BaseException:
             self.shutdown()  # the caller never gets the ranks to shut down

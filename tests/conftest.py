@@ -1,5 +1,7 @@
+import contextlib
 import math
 import os
+import socket
 import subprocess
 import sys
 
@@ -31,6 +33,15 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "agentgym_mega.cli", *args],
         capture_output=True, text=True, timeout=timeout, cwd=REPO,
     )
+
+
+@contextlib.contextmanager
+def refused_url():
+    """http://127.0.0.1:PORT, where connections are refused while the block runs: the port is bound
+    but not listening, so no server can take it meanwhile (as one merely found free could be)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture(scope="session")
