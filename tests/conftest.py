@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -160,6 +161,15 @@ def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "agentgym_mega.cli", *args],
         capture_output=True, text=True, timeout=timeout, cwd=REPO,
     )
+
+
+def eventually(check, timeout_s: float = 60.0):
+    """Polls `check()` until it is true, failing after `timeout_s`: for a state another process
+    reaches in its own time, which a fixed sleep may not wait out on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not true within {timeout_s:g} s"
+        time.sleep(0.1)
 
 
 @contextlib.contextmanager

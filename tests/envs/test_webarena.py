@@ -20,12 +20,14 @@ import requests
 
 from agentgym_mega.bench.env import _tree_memory
 from envs.webarena.options import SITE_DIR, TASKS
-from tests.conftest import refused_url, run_cli
+from tests.conftest import eventually, refused_url, run_cli
 from tests.envs.conftest import running
 from tests.envs.test_original_clients import OriginalWebArenaClient
 from tests.envs.webarena_agent import element, grader, run_plan
 
-STEP_TIMEOUT_S = 3
+# A step that waits for nothing ends well within this on a loaded machine; one that waited it out
+# (or a page three times as slow) would not, which the step-time asserts below tell apart.
+STEP_TIMEOUT_S = 6
 
 
 def _tasks() -> list[dict]:
@@ -270,7 +272,7 @@ def test_a_dead_browser_fails_its_instances_and_the_next_one_relaunches_it(tmp_p
         victim = Episode(served.url)
         victim.reset(0)
         _chromium_main(served.proc.pid).send_signal(signal.SIGKILL)
-        time.sleep(1)
+        eventually(lambda: not requests.get(f"{served.url}/health", timeout=60).json()["browser"]["connected"])
         dead = victim.http.post(f"{served.url}/step", json={"id": victim.id, "action": "```scroll [down]```"})
         assert dead.status_code == 500 and "browser" in dead.json()["error"]
         fresh = Episode(served.url)
@@ -295,9 +297,11 @@ def test_a_site_given_by_url_a_dead_judge_and_idle_instances():
             assert unscored["done"] and unscored["reward"] == 0.0 and "judge" in unscored["judge_error"]
             assert episode.reset(0)["observation"].startswith("Objective: ")
             assert requests.get(f"{served.url}/health", timeout=60).json()["browser"]["contexts"] == 1
-            time.sleep(3)  # past the idle timeout: the sweeper closes the instance and its context
-            health = requests.get(f"{served.url}/health", timeout=60).json()
-            assert (health["instances"], health["browser"]["contexts"], health["browser"]["pages"]) == (0, 0, 0)
+            def left() -> tuple[int, int, int]:
+                health = requests.get(f"{served.url}/health", timeout=60).json()
+                return health["instances"], health["browser"]["contexts"], health["browser"]["pages"]
+
+            eventually(lambda: left() == (0, 0, 0))  # past the idle timeout the sweeper closes all three
     finally:
         shop.shutdown()
 
