@@ -18,12 +18,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # several times the longest test of their kind on a loaded 2-core machine, so only a hang reaches
 # them (the durations: docs/results.md, `make test`'s --durations).
 SLOW_TIMEOUT_S = 900.0
-# The timeout's signal interrupts Python code only: a call stuck in C never raises it, and a timed-out
-# test's own cleanup may hang in turn. Past this much more, the run ends with every thread's stack.
+# The timeout's signal fails the test from Python code, but a call in C may swallow that (ray.get
+# does) or never return to Python. When the test has not ended this long after its timeout, the
+# processes it started are killed, so a call waiting on them returns with an error; past
+# CLEANUP_GRACE_S, the run ends with every thread's stack.
+UNSTICK_S = 30.0
 CLEANUP_GRACE_S = 120.0
-_BEFORE = pytest.StashKey[set]()  # the processes under pytest when the running phase began
-_LEFT = pytest.StashKey[set]()  # those a timed-out test had started
+_BEFORE = pytest.StashKey[dict]()  # the processes under pytest when the test's setup, then its call, began
+_LEFT = pytest.StashKey[set]()  # those a timed-out test had started (set only when it timed out)
 _BACKSTOP = pytest.StashKey[threading.Timer]()
+_UNSTICK = pytest.StashKey[threading.Timer]()
 
 # Set by a shell, these would steer the code under test (a secret, a Ray cluster to join, a rank
 # layout, vLLM's or Slurm's settings), so the session runs without them; a test that needs one
@@ -57,8 +61,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
 
 
-def _descendants() -> set[psutil.Process]:
-    return set(psutil.Process().children(recursive=True))
+def _descendants() -> dict[psutil.Process, str]:
+    """The processes under pytest, by name: a pooled worker (Ray's) that takes up a test's task
+    keeps its pid but not its name."""
+    named = {}
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            named[p] = p.name()
+    return named
+
+
+def _since(before: dict[psutil.Process, str]) -> set[psutil.Process]:
+    """The processes under pytest that were not there, or had another name, in `before`."""
+    return {p for p, name in _descendants().items() if before.get(p) != name}
 
 
 @pytest.hookimpl(wrapper=True)
@@ -67,37 +82,44 @@ def pytest_runtest_protocol(item):
     try:
         return (yield)
     finally:
-        _end_left(item)
+        if _LEFT in item.stash:  # it timed out
+            _end_left(item)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     item.stash[_BEFORE] = _descendants()  # those the fixtures started stay for the next tests
-    try:
-        return (yield)
-    finally:
-        _end_left(item)
+    return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_timeout_set_timer(item, settings):
     """Around pytest-timeout's signal: note the processes the test started before failing it, and
-    arm the backstop for a test the signal cannot stop."""
+    arm the timers for a test the signal does not stop."""
     result = yield
     fail = signal.getsignal(signal.SIGALRM)
     if callable(fail):  # the signal method: the test fails with its traceback, the run goes on
 
         def on_timeout(signum, frame):
             __tracebackhide__ = True
-            item.stash[_LEFT] = _descendants() - item.stash[_BEFORE]
+            item.stash[_LEFT] = _since(item.stash[_BEFORE])
+            item.stash[_UNSTICK] = _daemon_timer("timeout unstick", UNSTICK_S, lambda: _kill(_left(item)))
             fail(signum, frame)
 
         signal.signal(signal.SIGALRM, on_timeout)
-    backstop = threading.Timer(settings.timeout + CLEANUP_GRACE_S, _end_run, (item, settings))
-    backstop.daemon, backstop.name = True, "timeout backstop"
-    backstop.start()
-    item.stash[_BACKSTOP] = backstop
+    item.stash[_BACKSTOP] = _daemon_timer("timeout backstop", settings.timeout + CLEANUP_GRACE_S, _end_run,
+                                          item, settings)
     return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if call.when == "call" and report.passed and _LEFT in item.stash:
+        report.outcome = "failed"
+        report.longrepr = ("timed out, swallowed the timeout's exception and went on once the processes it "
+                           "started were killed")
+    return report
 
 
 @pytest.hookimpl(wrapper=True)
@@ -107,34 +129,50 @@ def pytest_timeout_cancel_timer(item):
     return (yield)
 
 
+def _daemon_timer(name: str, seconds: float, fn, *args) -> threading.Timer:
+    timer = threading.Timer(seconds, fn, args)
+    timer.daemon, timer.name = True, name
+    timer.start()
+    return timer
+
+
 def _end_left(item) -> None:
-    """Kills what a timed-out test started and its own cleanup left running (Ray's raylet and
-    workers, engines, servers, ranks), so none of it weighs on the next test."""
-    psutil.wait_procs(_kill_left(item), timeout=10)
+    """Kills what a timed-out test started and its own cleanup (or its failure) left running:
+    Ray's raylet and workers, engines, servers, ranks, those orphaned since included, so none of
+    it weighs on the next test."""
+    item.stash[_UNSTICK].cancel()
+    left = _left(item)
+    del item.stash[_LEFT]
+    psutil.wait_procs(_kill(left), timeout=10)
 
 
-def _kill_left(item) -> set[psutil.Process]:
-    left = {p for p in item.stash.get(_LEFT, set()) if p.is_running()}
-    item.stash[_LEFT] = set()
-    for p in list(left):
+def _left(item) -> set[psutil.Process]:
+    """The processes a timed-out test started: those under pytest at its timeout that were not
+    there when its phase began (some orphaned since), and those started after."""
+    return item.stash[_LEFT] | _since(item.stash[_BEFORE])
+
+
+def _kill(procs: set[psutil.Process]) -> set[psutil.Process]:
+    """SIGKILLs `procs` and their descendants; returns them all."""
+    procs = {p for p in procs if p.is_running()}
+    for p in list(procs):
         with contextlib.suppress(psutil.Error):
-            left |= set(p.children(recursive=True))
-    for p in left:
+            procs |= set(p.children(recursive=True))
+    for p in procs:
         with contextlib.suppress(psutil.Error):
             p.kill()
-    return left
+    return procs
 
 
 def _end_run(item, settings) -> None:
     """The backstop (a timer thread): prints every thread's stack as the test hangs, then ends the
     run and every process under it, which would otherwise outlive it."""
-    item.stash[_LEFT] = _descendants()
     item.config.pluginmanager.getplugin("capturemanager").suspend_global_capture(in_=True)
     terminal = item.config.get_terminal_writer()
     terminal.sep("+", f"{item.nodeid} did not stop {CLEANUP_GRACE_S:g} s after its {settings.timeout:g} s timeout")
     pytest_timeout.dump_stacks(terminal)
     terminal.flush()
-    _kill_left(item)  # no waiting: the test may return once they die, and must not run on
+    _kill(set(_descendants()))  # no waiting: the test may return once they die, and must not run on
     os._exit(1)
 
 

@@ -1,7 +1,8 @@
 """The suite's own guards (tests/conftest.py, pytest.ini), run on a pytest session of their own:
 a hung test fails at its timeout with its traceback and the processes it started are ended before
-the next test; slow tests get the larger ceiling; a test stuck where the signal cannot reach ends
-the run with every thread's stack; the shell's steering variables are cleared."""
+the next test; slow tests get the larger ceiling; a test that swallows its timeout is unstuck by
+killing what it waits on, and still fails; a test the signal cannot stop ends the run with every
+thread's stack; the shell's steering variables are cleared."""
 
 import contextlib
 import os
@@ -17,7 +18,7 @@ import os, signal, subprocess, sys, time
 import psutil, pytest
 import tests.conftest
 
-tests.conftest.CLEANUP_GRACE_S = 3.0  # the backstop's grace, short for this session
+tests.conftest.UNSTICK_S, tests.conftest.CLEANUP_GRACE_S = 2.0, 6.0  # short for this session
 
 
 def start_tree(name):
@@ -51,6 +52,16 @@ def test_environment():
     assert [k for k in ("AGENTGYM_MEGA_SECRET", "RAY_ADDRESS", "MASTER_PORT", "VLLM_CPU_KVCACHE_SPACE",
                         "SLURM_JOB_ID", "GCS_PORT") if k in os.environ] == []
     assert (os.environ["CUDA_VISIBLE_DEVICES"], os.environ["HF_HUB_OFFLINE"]) == ("", "1")
+
+
+@pytest.mark.timeout(4)
+def test_swallowed():
+    child = start_tree("swallowed")
+    try:
+        child.wait()
+    except BaseException:  # the timeout's exception swallowed, as ray.get does
+        pass
+    child.wait()  # returns once the guard kills the tree
 
 
 @pytest.mark.timeout(4)
@@ -94,8 +105,15 @@ def test_a_hung_test_fails_with_its_traceback_and_the_next_finds_its_processes_e
     assert _ended(tmp_path / "hung")
 
 
+def test_a_test_that_swallows_its_timeout_is_unstuck_and_still_fails(tmp_path):
+    out = _session(tmp_path, "swallowed", "slow")
+    assert "test_session.py::test_swallowed FAILED" in out and "test_session.py::test_slow PASSED" in out, out
+    assert "timed out, swallowed the timeout's exception" in out, out
+    assert _ended(tmp_path / "swallowed")
+
+
 def test_a_test_the_signal_cannot_stop_ends_the_run_with_every_stack(tmp_path):
     out = _session(tmp_path, "stuck", "next")
-    assert "test_stuck did not stop 3 s after its 4 s timeout" in out and "Stack of MainThread" in out, out
+    assert "test_stuck did not stop 6 s after its 4 s timeout" in out and "Stack of MainThread" in out, out
     assert 'start_tree("stuck").wait()' in out and "test_next" not in out, out
     assert _ended(tmp_path / "stuck")
