@@ -10,7 +10,6 @@ import time
 
 import psutil
 import pytest
-import pytest_timeout
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,8 +52,9 @@ def _no_steering_variables():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Slow tests get SLOW_TIMEOUT_S, unless a test names its own or --timeout names one for all."""
-    if config.getoption("timeout") is not None:
+    """Slow tests get SLOW_TIMEOUT_S, unless a test names its own or --timeout names one for all.
+    Without pytest-timeout (an environment without the test extra) tests run without a ceiling."""
+    if not config.pluginmanager.hasplugin("timeout") or config.getoption("timeout") is not None:
         return
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
@@ -92,7 +92,7 @@ def pytest_runtest_call(item):
     return (yield)
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(wrapper=True, optionalhook=True)
 def pytest_timeout_set_timer(item, settings):
     """Around pytest-timeout's signal: note the processes the test started before failing it, and
     arm the timers for a test the signal does not stop."""
@@ -122,7 +122,7 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(wrapper=True, optionalhook=True)
 def pytest_timeout_cancel_timer(item):
     if _BACKSTOP in item.stash:
         item.stash[_BACKSTOP].cancel()
@@ -167,10 +167,12 @@ def _kill(procs: set[psutil.Process]) -> set[psutil.Process]:
 def _end_run(item, settings) -> None:
     """The backstop (a timer thread): prints every thread's stack as the test hangs, then ends the
     run and every process under it, which would otherwise outlive it."""
+    from pytest_timeout import dump_stacks  # only ever called by pytest-timeout's timer
+
     item.config.pluginmanager.getplugin("capturemanager").suspend_global_capture(in_=True)
     terminal = item.config.get_terminal_writer()
     terminal.sep("+", f"{item.nodeid} did not stop {CLEANUP_GRACE_S:g} s after its {settings.timeout:g} s timeout")
-    pytest_timeout.dump_stacks(terminal)
+    dump_stacks(terminal)
     terminal.flush()
     _kill(set(_descendants()))  # no waiting: the test may return once they die, and must not run on
     os._exit(1)
