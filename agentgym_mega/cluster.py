@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from agentgym_mega import platform, weight_sync
 from agentgym_mega.algorithms import actor_loss, critic_loss
 from agentgym_mega.config import Config, to_dict, validate
-from agentgym_mega.network import free_port, reachable_ip
+from agentgym_mega.network import host_rendezvous, reachable_ip
 from agentgym_mega.rollout.batch import PolicyUpdateBatch, ValueUpdateBatch
 
 if TYPE_CHECKING:
@@ -218,14 +218,14 @@ class RankProcess:
     model shard of each role added to it (:meth:`add_role`); every role method names the role it
     runs."""
 
-    def node_address(self) -> tuple[str, int]:
-        """This node's address and a free port, for rank 0 to host the rendezvous."""
-        host = reachable_ip()
-        return host, free_port(host)
+    def host_rendezvous(self) -> dict[str, str]:
+        """Hosts the rendezvous on this node (rank 0's), bound and held before any rank dials it;
+        returns the variables every rank's env:// needs to join it."""
+        self._rendezvous, master = host_rendezvous(reachable_ip())
+        return master
 
-    def setup(self, rank: int, world: int, master: tuple[str, int], cfg: dict) -> None:
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
-                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+    def setup(self, rank: int, world: int, master: dict[str, str], cfg: dict) -> None:
+        os.environ.update(master, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
         if not platform.has_cuda():
             torch.set_num_threads(1)  # ranks share the cores; oversubscription only slows them
         self.cfg = validate(cfg)
@@ -309,7 +309,7 @@ class TrainerWorld:
         self.procs = [ray.remote(**(placement.trainer(i) if placement else loose))(RankProcess).remote()
                       for i in range(world)]
         try:
-            master = ray.get(self.procs[0].node_address.remote())
+            master = ray.get(self.procs[0].host_rendezvous.remote())
             ray.get([r.setup.remote(i, world, master, to_dict(cfg)) for i, r in enumerate(self.procs)])
         except BaseException:
             self.shutdown()  # the caller never gets the ranks to shut down

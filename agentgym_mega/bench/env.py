@@ -19,9 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,6 +27,7 @@ import numpy as np
 import psutil
 import requests
 
+from agentgym_mega.network import start_server
 from agentgym_mega.rollout.env_client import EnvClient, EnvServerError, wait_healthy
 
 # Actions that exercise each game without solving it quickly.
@@ -48,12 +46,6 @@ def _action(env: str, step: int, observation: str) -> str:
         return ACTIONS[env][step % len(ACTIONS[env])]
     link = _LINK.search(observation)
     return "```go_back```" if step % 2 or link is None else f"```click [{link.group(1)}]```"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stats(path: str, concurrency: int, steps: int, wall: float, latencies: list[float], errors: int) -> dict:
@@ -179,11 +171,9 @@ def _context_memory(url: str, pid: int, n: int) -> dict:
 
 @contextlib.contextmanager
 def serving(command: list[str], process: list | None = None):
-    """`agentgym-mega COMMAND --port P` running; yields its URL once healthy (its pid appended to
+    """`agentgym-mega COMMAND` running on a port the OS picks; yields its URL once healthy (its pid appended to
     `process` when given)."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "agentgym_mega.cli", *command, "--port", str(port)])
+    server, url = start_server(command)
     if process is not None:
         process.append(server.pid)
     try:

@@ -39,7 +39,7 @@ def add(sub) -> None:
     )
     p.add_argument("--env", required=True, choices=KINDS, help="environment kind to serve")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=port, default=36001, help="port to bind (default 36001)")
+    p.add_argument("--port", type=port, default=36001, help="port to bind (default 36001; 0: any free one)")
     p.add_argument("--max-instances", type=COUNT, default=None,
                    help="cap on live instances, below the memory cap (default: the memory cap)")
     p.add_argument("--memory-share", type=bounded(float, 0, "a fraction in (0, 1]"), default=None,
@@ -91,9 +91,10 @@ def run(args) -> int:
     except ValueError as exc:  # a setting that is not allowed (make_server names it)
         raise BadInput(str(exc)) from None
     state = server.config.app.state
-    print(f"serving {args.env} on http://{args.host}:{args.port} (cap {state.pool.max_instances} instances: "
-          f"{state.pool.cap_reason}; idle timeout {args.idle_timeout:g} s; "
+    sock = server.config.bind_socket()  # bound before the line below, so it names the port 0 got
+    print(f"serving {args.env} on http://{args.host}:{sock.getsockname()[1]} (cap {state.pool.max_instances} "
+          f"instances: {state.pool.cap_reason}; idle timeout {args.idle_timeout:g} s; "
           f"authentication {'on' if state.secured else 'off'})", file=sys.stderr, flush=True)
-    server.run()
+    server.run(sockets=[sock])
     return 0
 

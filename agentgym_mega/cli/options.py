@@ -32,9 +32,9 @@ COUNT = bounded(int, 1, "an integer >= 1")
 
 
 def port(text: str) -> int:
-    value = bounded(int, 1, "a port in 1-65535")(text)
+    value = bounded(int, 0, "a port in 0-65535")(text)
     if value > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port in 1-65535")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port in 0-65535")
     return value
 
 

@@ -64,7 +64,7 @@ def add(sub) -> None:
     )
     s.add_argument("--index", required=True, help="index directory from `agentgym-mega retriever build`")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    s.add_argument("--port", type=port, default=8000, help="port to bind (default 8000)")
+    s.add_argument("--port", type=port, default=8000, help="port to bind (default 8000; 0: any free one)")
     s.add_argument("--mode", choices=retriever.MODES, help="default: dense when the index has it, else bm25")
     s.add_argument("--device", choices=DEVICES, help="where the dense query encoder runs (default: cuda "
                                                       "when torch sees a GPU, else cpu)")
@@ -100,9 +100,10 @@ def run_serve(args) -> int:
     except ValueError as exc:  # a setting, index or mode that is not allowed (the message names it)
         raise BadInput(str(exc)) from None
     state = server.config.app.state
+    sock = server.config.bind_socket()  # bound before the line below, so it names the port 0 got
     print(f"serving the {state.retriever.mode} retriever over {len(state.retriever)} passages on "
-          f"http://{args.host}:{args.port} (authentication {'on' if state.secured else 'off'})",
+          f"http://{args.host}:{sock.getsockname()[1]} (authentication {'on' if state.secured else 'off'})",
           file=sys.stderr, flush=True)
-    server.run()
+    server.run(sockets=[sock])
     return 0
 

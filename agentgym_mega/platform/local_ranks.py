@@ -11,12 +11,11 @@ import torch
 import torch.multiprocessing as mp
 
 from agentgym_mega import platform
-from agentgym_mega.network import free_port
+from agentgym_mega.network import host_rendezvous
 
 
-def _rank_main(rank: int, world: int, port: int, threads: int, out: str, fn, args):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank_main(rank: int, world: int, rendezvous: dict, threads: int, out: str, fn, args):
+    os.environ.update(rendezvous, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(threads)
     try:
         result = fn(*args)
@@ -31,7 +30,9 @@ def run_on_local_ranks(fn, world: int, *args, threads: int = 1) -> list:
     picklable. Each rank calls :func:`agentgym_mega.platform.init_distributed` itself (inside ``fn``)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result")
-        mp.spawn(_rank_main, args=(world, free_port(), threads, out, fn, args), nprocs=world)
+        store, rendezvous = host_rendezvous()  # held here until every rank is done
+        mp.spawn(_rank_main, args=(world, rendezvous, threads, out, fn, args), nprocs=world)
+        del store
         results = []
         for rank in range(world):
             with open(f"{out}.{rank}", "rb") as f:

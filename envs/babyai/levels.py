@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import functools
+import logging
 
 import gymnasium as gym
 import minigrid  # noqa: F401  (registers the BabyAI ids with gymnasium)
 from gymnasium.envs.registration import registry
+from minigrid.envs.babyai.core import roomgrid_level
+
+log = logging.getLogger(__name__)
 
 LEVELS = (
     "GoToRedBallGrey", "GoToRedBall", "GoToRedBallNoDists", "GoToObjS6", "GoToLocalS8N7",
@@ -18,6 +22,19 @@ LEVELS = (
     "FindObjS7", "KeyCorridorS6R3", "OneRoomS20", "MoveTwoAcrossS8N9", "SynthS5R2",
     "SynthLoc", "SynthSeq", "MiniBossLevel", "BossLevel", "BossLevelNoUnlock",
 )
+
+
+def _print_but_rejections(*args, **kwargs) -> None:
+    """minigrid's level generator prints each layout it rejects ("Sampling rejected: unreachable
+    object") and samples another: routine for many levels, hundreds of lines in a run's log, so
+    they go to the debug log. Whatever else it prints still prints."""
+    if args[:1] == ("Sampling rejected:",):
+        log.debug("minigrid rejected a sampled layout: %s", " ".join(map(str, args[1:])))
+    else:
+        print(*args, **kwargs)
+
+
+roomgrid_level.print = _print_but_rejections  # the name that module's code looks print up by
 
 
 def level_and_seed(data_idx: int) -> tuple[int, int]:

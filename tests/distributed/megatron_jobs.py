@@ -14,7 +14,6 @@ from agentgym_mega.config import validate
 from agentgym_mega.models.actor import MegatronActor
 from agentgym_mega.models.critic import MegatronCritic
 from agentgym_mega.models.weights import unwrap
-from agentgym_mega.network import free_port
 
 SEQ = 24
 TRAIN_STEPS = 4
@@ -223,8 +222,8 @@ def kill_during_save(hf_dir: str, root: str) -> None:
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
     dist_checkpointing.save = save_then_die
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(free_port()))
+    # One rank hosts its own rendezvous: port 0 lets the OS pick it as the store binds.
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
     platform.init_distributed(tp=1, pp=1, seed=0)
     actor = MegatronActor(hf_dir, make_config(1, 1, 1))
     actor.save_checkpoint(root, SAVE_AT + 1, {})

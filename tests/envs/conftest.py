@@ -1,31 +1,19 @@
-"""Real env servers started through the CLI, as users start them, on free local ports."""
+"""Real env servers started through the CLI, as users start them, on ports the OS picks."""
 
 import contextlib
-import socket
 import subprocess
-import sys
 
 import psutil
 import pytest
 
+from agentgym_mega.network import start_server
 from agentgym_mega.rollout.env_client import wait_healthy
 from tests.conftest import REPO
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self, env: str, *args: str):
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentgym_mega.cli", "env-server", "--env", env, "--port", str(port), *args],
-            cwd=REPO,
-        )
+        self.proc, self.url = start_server(["env-server", "--env", env, *args], cwd=REPO)
         wait_healthy(self.url)
         self.process = psutil.Process(self.proc.pid)
 

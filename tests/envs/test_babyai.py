@@ -2,6 +2,7 @@
 solving the original 40 levels through our text commands."""
 
 import json
+import logging
 import signal
 
 import pytest
@@ -29,6 +30,18 @@ def test_ids_encode_level_and_seed():
     env.reset(81)
     assert env.minigrid_env.spec.id == env_id(2) == "BabyAI-GoToRedBall-v0"
     assert KIND.tasks()[81].category == "GoToRedBall"
+
+
+def test_rejected_layouts_are_logged_not_printed(capfd, caplog):
+    """minigrid prints each layout it rejects and samples again; these resets each reject some
+    (GoToRedBallGrey and GoToRedBall seed 8 are the demo's levels): nothing reaches the output."""
+    env = BabyAIEnv()
+    for level, seed in (("GoToRedBallGrey", 8), ("GoToRedBall", 8), ("GoToSeqS5R2", 4), ("GoToObjDoor", 9)):
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="envs.babyai.levels"):
+            env.reset(seed * len(LEVELS) + LEVELS.index(level))
+        assert [r for r in caplog.records if "rejected a sampled layout" in r.getMessage()], (level, seed)
+    assert capfd.readouterr() == ("", "")
 
 
 def test_observation_has_goal_objects_walls_carrying_and_actions():

@@ -3,9 +3,6 @@
 by a scripted agent that reads only observations."""
 
 import json
-import socket
-import subprocess
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,10 +11,11 @@ import requests
 
 import envs
 from agentgym_mega.config import ConfigError, load_config
+from agentgym_mega.network import start_server
 from agentgym_mega.rollout.env_client import EnvClient, wait_healthy
 from envs.deepsearch import options, tasks
 from envs.deepsearch.env import NO_ACTION, DeepSearchEnv, exact_match, information, normalize_answer, parse_action
-from tests.conftest import run_cli
+from tests.conftest import refused_url, run_cli
 from tests.envs.conftest import running
 from tests.envs.deepsearch_agent import ScriptedSearchAgent
 
@@ -220,15 +218,9 @@ def test_malformed_replies_and_huge_queries_get_observations_or_clear_errors(dee
     assert bad_task.status_code == 400 and f"from 0 to {len(SHIPPED) - 1}" in bad_task.json()["error"]
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_a_dead_retriever_gives_an_observation_not_a_dead_episode():
-    url = f"http://127.0.0.1:{_closed_port()}"
-    with running("deepsearch", "--option", f"retriever_url={url}", "--option", "timeout_s=5") as s:
+    with refused_url() as url, running("deepsearch", "--option", f"retriever_url={url}", "--option",
+                                       "timeout_s=5") as s:
         iid = _post(s, "/create").json()["id"]
         _post(s, "/reset", {"id": iid, "data_idx": 0})
         out = _post(s, "/step", {"id": iid, "action": "<search>anything</search>"}).json()
@@ -272,11 +264,8 @@ def test_env_servers_share_an_authenticated_retriever_and_a_wrong_secret_stops_o
     secret.write_text("retriever-secret-1\n")
     assert run_cli("retriever", "build", "--corpus", f"{options.DATA_DIR}/corpus.jsonl", "--out", str(index),
                    timeout=300).returncode == 0
-    port = _closed_port()
-    retriever = subprocess.Popen([sys.executable, "-m", "agentgym_mega.cli", "retriever", "serve", "--index",
-                                  str(index), "--port", str(port), "--secret-file", str(secret)])
+    retriever, url = start_server(["retriever", "serve", "--index", str(index), "--secret-file", str(secret)])
     try:
-        url = f"http://127.0.0.1:{port}"
         wait_healthy(url)
         with running("deepsearch", "--option", f"retriever_url={url}", "--option",
                      f"retriever_secret_file={secret}") as s:
@@ -284,7 +273,7 @@ def test_env_servers_share_an_authenticated_retriever_and_a_wrong_secret_stops_o
             _post(s, "/reset", {"id": iid, "data_idx": 0})
             out = _post(s, "/step", {"id": iid, "action": f"<search>{SHIPPED[0].question}</search>"}).json()
             assert out["observation"].startswith("<information>Doc 1(Title: ")
-        refused = run_cli("env-server", "--env", "deepsearch", "--port", str(_closed_port()),
+        refused = run_cli("env-server", "--env", "deepsearch", "--port", "0",
                           "--option", f"retriever_url={url}", timeout=120)
         assert refused.returncode == 2 and "the retriever refused this server's request at start-up" in refused.stderr
         assert "HTTP 401" in refused.stderr

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import requests
 
-from agentgym_mega.network import free_port
+from agentgym_mega.network import start_server
 from agentgym_mega.rollout.env_client import wait_healthy
 from envs.deepsearch import options
 from envs.deepsearch.retriever import (
@@ -31,7 +31,7 @@ from envs.deepsearch.retriever import (
     load_index,
     open_retriever,
 )
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, refused_url, run_cli
 from tests.envs.tiny_encoder import make_tiny_encoder
 
 SECRET = "retriever-secret_for-tests"
@@ -154,11 +154,8 @@ def _offline() -> dict:
 
 @contextlib.contextmanager
 def _serving(*args: str, env: dict | None = None):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentgym_mega.cli", "retriever", "serve", "--port", str(port),
-                             *args], cwd=REPO, env=env)
+    proc, url = start_server(["retriever", "serve", *args], cwd=REPO, env=env)
     try:
-        url = f"http://127.0.0.1:{port}"
         wait_healthy(url, timeout=60)
         yield url
     finally:
@@ -272,8 +269,7 @@ def test_remote_retriever_matches_the_index_and_names_an_unreachable_url(server,
     assert remote.search(questions, 3) == load_index(bm25_dir).search(questions, 3)
     report = bench_queries(remote, questions, concurrency=4)
     assert report["queries"] == 21 and report["batched_qps"] > 0 and report["single_qps"] > 0
-    closed = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(RetrieverError, match=f"retriever {closed}/retrieve: cannot reach it"):
+    with refused_url() as closed, pytest.raises(RetrieverError, match=f"retriever {closed}/retrieve: cannot reach it"):
         RemoteRetriever(closed, timeout=5).search(["q"], 1)
 
 

@@ -20,12 +20,14 @@ import requests
 
 from agentgym_mega.bench.env import _tree_memory
 from envs.webarena.options import SITE_DIR, TASKS
-from tests.conftest import run_cli
-from tests.envs.conftest import _free_port, running
+from tests.conftest import eventually, refused_url, run_cli
+from tests.envs.conftest import running
 from tests.envs.test_original_clients import OriginalWebArenaClient
 from tests.envs.webarena_agent import element, grader, run_plan
 
-STEP_TIMEOUT_S = 3
+# A step that waits for nothing ends well within this on a loaded machine; one that waited it out
+# (or a page three times as slow) would not, which the step-time asserts below tell apart.
+STEP_TIMEOUT_S = 6
 
 
 def _tasks() -> list[dict]:
@@ -117,7 +119,8 @@ def test_bad_actions_and_bad_pages_come_back_as_observations(server):
         assert "No action found" in episode.step("I am not sure what to do.")["observation"]
         assert "not a valid action" in episode.step("```fly [12]```")["observation"]
         assert "HTTP 404" in episode.step(f"```goto [{base}/no/such/page]```")["observation"]
-        closed = episode.step(f"```goto [http://127.0.0.1:{_free_port()}/]```")["observation"]
+        with refused_url() as url:
+            closed = episode.step(f"```goto [{url}/]```")["observation"]
         assert "Could not load" in closed and "ERR_CONNECTION_REFUSED" in closed
         assert "http:// or https://" in episode.step("```goto [file:///etc/passwd]```")["observation"]
         assert "There is no tab [5]" in episode.step("```tab_focus [5]```")["observation"]
@@ -269,7 +272,7 @@ def test_a_dead_browser_fails_its_instances_and_the_next_one_relaunches_it(tmp_p
         victim = Episode(served.url)
         victim.reset(0)
         _chromium_main(served.proc.pid).send_signal(signal.SIGKILL)
-        time.sleep(1)
+        eventually(lambda: not requests.get(f"{served.url}/health", timeout=60).json()["browser"]["connected"])
         dead = victim.http.post(f"{served.url}/step", json={"id": victim.id, "action": "```scroll [down]```"})
         assert dead.status_code == 500 and "browser" in dead.json()["error"]
         fresh = Episode(served.url)
@@ -283,8 +286,8 @@ def test_a_site_given_by_url_a_dead_judge_and_idle_instances():
     fuzzy = next(t for t in _tasks() if isinstance((t["eval"]["reference_answers"] or {}).get("fuzzy_match"), list))
     shop, url = start_site()
     try:
-        with running("webarena", "--site", f"shopping={url}", "--idle-timeout", "1", "--option",
-                     f"judge_url=http://127.0.0.1:{_free_port()}/v1", "--option", "judge_model=gone") as served:
+        with refused_url() as judge, running("webarena", "--site", f"shopping={url}", "--idle-timeout", "1", "--option",
+                                             f"judge_url={judge}/v1", "--option", "judge_model=gone") as served:
             episode = Episode(served.url)
             first = episode.reset(0)
             assert first["observation"].split("\n")[1].startswith(f"URL: {url}/")
@@ -294,16 +297,17 @@ def test_a_site_given_by_url_a_dead_judge_and_idle_instances():
             assert unscored["done"] and unscored["reward"] == 0.0 and "judge" in unscored["judge_error"]
             assert episode.reset(0)["observation"].startswith("Objective: ")
             assert requests.get(f"{served.url}/health", timeout=60).json()["browser"]["contexts"] == 1
-            time.sleep(3)  # past the idle timeout: the sweeper closes the instance and its context
-            health = requests.get(f"{served.url}/health", timeout=60).json()
-            assert (health["instances"], health["browser"]["contexts"], health["browser"]["pages"]) == (0, 0, 0)
+            def left() -> tuple[int, int, int]:
+                health = requests.get(f"{served.url}/health", timeout=60).json()
+                return health["instances"], health["browser"]["contexts"], health["browser"]["pages"]
+
+            eventually(lambda: left() == (0, 0, 0))  # past the idle timeout the sweeper closes all three
     finally:
         shop.shutdown()
 
 
 def test_bad_options_stop_the_server_with_a_message(tmp_path):
-    port = str(_free_port())
-    unknown = run_cli("env-server", "--env", "webarena", "--option", "speed=11", "--port", port, timeout=120)
+    unknown = run_cli("env-server", "--env", "webarena", "--option", "speed=11", "--port", "0", timeout=120)
     assert unknown.returncode == 2 and "webarena option speed" in unknown.stderr
     site = run_cli("env-server", "--env", "webarena", "--site", "casino=http://127.0.0.1:1", timeout=120)
     assert site.returncode == 2 and "casino" in site.stderr
@@ -313,7 +317,7 @@ def test_bad_options_stop_the_server_with_a_message(tmp_path):
     broken[1] = dict(broken[1], eval={"eval_types": ["string_match"], "reference_answers": {"close_enough": "x"}})
     path = tmp_path / "tasks.json"
     path.write_text(json.dumps(broken))
-    bad = run_cli("env-server", "--env", "webarena", "--option", f"tasks={path}", "--port", str(_free_port()),
+    bad = run_cli("env-server", "--env", "webarena", "--option", f"tasks={path}", "--port", "0",
                   timeout=120)
     assert bad.returncode == 2 and "task 1" in bad.stderr and "close_enough" in bad.stderr
 

@@ -2,11 +2,12 @@
 evaluators, unjudged fuzzy references are counted, bad configs are refused at load time, and the
 judge speaks OpenAI's chat-completions protocol to a real local HTTP server."""
 
-import socket
+import re
 
 import pytest
 
 from envs.webarena import evaluators as ev
+from tests.conftest import refused_url
 from tests.envs.webarena_agent import ChatServer
 
 
@@ -346,11 +347,9 @@ def test_judge_reads_at_most_a_megabyte_of_reply(chat):
 
 
 def test_judge_closed_port_is_an_error():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with pytest.raises(ev.JudgeError, match=rf"127\.0\.0\.1:{port}/v1/chat/completions.*request failed"):
-        ev.Judge(f"http://127.0.0.1:{port}/v1", "m", timeout_s=5).fuzzy("q", "r", "a")
+    with refused_url() as url:
+        with pytest.raises(ev.JudgeError, match=re.escape(url) + "/v1/chat/completions.*request failed"):
+            ev.Judge(f"{url}/v1", "m", timeout_s=5).fuzzy("q", "r", "a")
 
 
 def test_evaluate_propagates_judge_errors(chat):

@@ -38,13 +38,13 @@ class Engine:
         return got
 
 
-def job(rank: int, port: int, directory: str, gpus: list[str] | None, engine_gpus: list[str] | None,
+def job(rank: int, rendezvous: dict, directory: str, gpus: list[str] | None, engine_gpus: list[str] | None,
         results) -> None:
     """`gpus`: each rank's fake GPU UUID; None: one rank on the real GPU 0, feeding one engine
     worker there from CUDA tensors (tests/gpu)."""
     from agentgym_mega.weight_sync import cuda_ipc
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(rendezvous)
     dist.init_process_group("gloo", rank=rank, world_size=len(gpus) if gpus else 1)
     model = MODEL
     if gpus is None:

@@ -34,7 +34,7 @@ def test_parser_registers_exactly_the_documented_subcommands():
     (["doctor", "--layouts", "tp2,xx3"], "expected tpN, ppN or dpN"),
     (["nonsense"], "invalid choice"),
     (["env-server", "--env", "minecraft"], "invalid choice"),
-    (["env-server", "--env", "babyai", "--port", "70000"], "not a port in 1-65535"),
+    (["env-server", "--env", "babyai", "--port", "70000"], "not a port in 0-65535"),
     (["env-server", "--env", "babyai", "--max-instances", "0"], "not an integer >= 1"),
     (["env-server", "--env", "babyai", "--idle-timeout", "-5"], "not a number of seconds > 0"),
     (["env-server", "--env", "deepsearch", "--option", "topk"], "'topk' is not KEY=VALUE"),

@@ -7,7 +7,7 @@ import tempfile
 
 import pytest
 
-from agentgym_mega.network import free_port
+from agentgym_mega.network import host_rendezvous
 from agentgym_mega.weight_sync import SyncError
 from agentgym_mega.weight_sync.cuda_ipc import pair_by_gpu
 from tests.unit import cuda_ipc_ranks
@@ -32,8 +32,8 @@ def run(gpus, engine_gpus):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as directory:
-        port = free_port("127.0.0.1")
-        procs = [ctx.Process(target=cuda_ipc_ranks.job, args=(r, port, directory, gpus, engine_gpus, results))
+        store, rendezvous = host_rendezvous()
+        procs = [ctx.Process(target=cuda_ipc_ranks.job, args=(r, rendezvous, directory, gpus, engine_gpus, results))
                  for r in range(len(gpus) if gpus else 1)]
         for p in procs:
             p.start()
@@ -43,6 +43,7 @@ def run(gpus, engine_gpus):
             out[rank] = (status, stats, got, socket)
         for p in procs:
             p.join(timeout=30)
+    del store  # the rendezvous is held until every rank is done
     return out
 
 
