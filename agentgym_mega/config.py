@@ -200,6 +200,11 @@ class AlgorithmConfig:
     # weighted by min(p_trainer / p_engine, tis_cap), the trainer's log-probs recomputed at the
     # step's start. Corrects engine/trainer mismatch and, one step off-policy, staleness. null: off.
     tis_cap: Optional[float] = None
+    # The PPO ratio's denominator. `trainer`: recomputed by the actor at the step's start (a
+    # forward pass); `engine`: the engines' own log-probs, no pass (so mismatch between engine
+    # and trainer enters the ratio); `auto`: `engine` one step off-policy without tis_cap, else
+    # `trainer`. `engine` on-policy separates the pass's cost from off-policy's overlap.
+    old_logprobs: Literal["auto", "trainer", "engine"] = "auto"
 
     def __post_init__(self):
         for key in ("gamma", "lam"):
@@ -211,6 +216,8 @@ class AlgorithmConfig:
             _require(getattr(self, key) >= 0, f"algorithm.{key}", getattr(self, key), "a number >= 0")
         _require(self.tis_cap is None or self.tis_cap >= 1, "algorithm.tis_cap", self.tis_cap,
                  "null or a number >= 1")
+        _require(self.tis_cap is None or self.old_logprobs != "engine", "algorithm.old_logprobs", self.old_logprobs,
+                 "auto or trainer with algorithm.tis_cap (its weights need the trainer's log-probs)")
 
 
 @section
