@@ -244,10 +244,10 @@ def _ref_kl(batch, cfg) -> dict:
 
 
 def _old_logprobs(stack: Stack, batch, cfg) -> torch.Tensor:
-    """The PPO ratio's denominator (algorithm.old_logprobs). By default, one step off-policy
-    without truncated importance weights: the engines' own log-probs, the behaviour policy.
-    Otherwise the trainer's, recomputed with the weights it starts the step with (on-policy, those
-    that sampled), on trained tokens only (every use of them is masked by the loss mask)."""
+    """The PPO ratio's denominator. One step off-policy without truncated importance weights:
+    the engines' own log-probs, the behaviour policy. Otherwise the trainer's, recomputed with
+    the weights it starts the step with (on-policy, those that sampled), on trained tokens only
+    (every use of them is masked by the loss mask). algorithm.old_logprobs (not auto) picks one."""
     source = cfg.algorithm.old_logprobs
     if source == "engine" or (source == "auto" and cfg.trainer.off_policy_steps and cfg.algorithm.tis_cap is None):
         return batch.rollout_logprobs
