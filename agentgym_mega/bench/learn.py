@@ -114,5 +114,8 @@ def compare_off_policy(estimator: str, steps: int, rounds: int, output_dir: str,
         "seconds_per_step_by_phase": {arm: {p: median(arm, lambda x, p=p: x["seconds_per_step_by_phase"][p])
                                             for p in STEP_PHASES} for arm in runs},
         "steps_per_hour_per_round": {arm: [x["steps_per_hour"] for x in runs[arm]] for arm in runs},
+        # within a round the arms ran back to back: these ratios see less of the load's drift
+        "speedup_vs_lockstep_per_round": {arm: [x["steps_per_hour"] / base["steps_per_hour"]
+                                                for x, base in zip(runs[arm], runs["lockstep"])] for arm in runs},
         "output_dir": output_dir,
     }

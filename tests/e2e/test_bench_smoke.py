@@ -132,7 +132,8 @@ def test_bench_learn_off_policy_arms(tmp_path, tiny_model):
     arms = ("lockstep", "lockstep_pass_skipped", "off_policy")
     assert tuple(report["arms"]) == arms
     assert report["arms"]["lockstep_pass_skipped"] == ["algorithm.old_logprobs=engine"]
-    for key in ("steps_per_hour", "speedup_vs_lockstep", "seconds_per_step_by_phase", "steps_per_hour_per_round"):
+    for key in ("steps_per_hour", "speedup_vs_lockstep", "seconds_per_step_by_phase", "steps_per_hour_per_round",
+                "speedup_vs_lockstep_per_round"):
         assert set(report[key]) == set(arms), key
     _positive(report, "overlap_speedup", *(f"steps_per_hour.{arm}" for arm in arms))
     assert report["speedup_vs_lockstep"]["lockstep"] == 1.0
