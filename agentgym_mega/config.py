@@ -225,6 +225,10 @@ class AlgorithmConfig:
     tis_cap: Optional[float] = None
     """Truncated importance sampling (>= 1): each token's policy-gradient term weighted by
     min(p_trainer / p_engine, tis_cap), for engine/trainer mismatch and staleness. null: off."""
+    old_logprobs: Literal["auto", "trainer", "engine"] = "auto"
+    """The PPO ratio's denominator: `trainer` recomputes it (a forward pass); `engine` takes the
+    engines' log-probs (no pass; engine/trainer mismatch enters the ratio); `auto`: `engine` one
+    step off-policy without tis_cap, else `trainer`."""
 
     def __post_init__(self):
         for key in ("gamma", "lam"):
@@ -236,6 +240,8 @@ class AlgorithmConfig:
             _require(getattr(self, key) >= 0, f"algorithm.{key}", getattr(self, key), "a number >= 0")
         _require(self.tis_cap is None or self.tis_cap >= 1, "algorithm.tis_cap", self.tis_cap,
                  "null or a number >= 1")
+        _require(self.tis_cap is None or self.old_logprobs != "engine", "algorithm.old_logprobs", self.old_logprobs,
+                 "auto or trainer with algorithm.tis_cap (its weights need the trainer's log-probs)")
 
 
 @section
@@ -417,10 +423,8 @@ class Config:
 
     def __post_init__(self):
         if self.algorithm.estimator in ("grpo", "rloo"):
-            _require(
-                self.rollout.n_per_task >= 2, "rollout.n_per_task", self.rollout.n_per_task,
-                f">= 2 with algorithm.estimator={self.algorithm.estimator} (it compares samples of one task)",
-            )
+            _require(self.rollout.n_per_task >= 2, "rollout.n_per_task", self.rollout.n_per_task,
+                     f">= 2 with algorithm.estimator={self.algorithm.estimator} (it compares samples of one task)")
         if self.rollout.dtype is None:  # the engines sample from the policy the trainer trains
             self.rollout.dtype = self.model.dtype
         algorithm = self.algorithm
@@ -444,11 +448,9 @@ class Config:
                 "(the engines generate while the trainer updates, so they cannot share its devices)",
             )
         budget = self.trainer.max_tokens_per_gpu
-        _require(
-            budget is None or budget >= self.rollout.max_model_len, "trainer.max_tokens_per_gpu", budget,
-            f"at least rollout.max_model_len={self.rollout.max_model_len} (a micro-batch holds one whole "
-            "sequence at the least), or null",
-        )
+        _require(budget is None or budget >= self.rollout.max_model_len, "trainer.max_tokens_per_gpu", budget,
+                 f"at least rollout.max_model_len={self.rollout.max_model_len} (a micro-batch holds one whole "
+                 "sequence at the least), or null")
         # Every DP rank trains on an equal slice of each mini-batch (and so of the whole batch).
         per_mini = self.trainer.mini_batch_size * self.rollout.n_per_task
         _require(

@@ -266,8 +266,9 @@ def _old_logprobs(stack: Stack, batch, cfg: Config) -> torch.Tensor:
     """The PPO ratio's denominator. One step off-policy without truncated importance weights:
     the engines' own log-probs, the behaviour policy. Otherwise the trainer's, recomputed with
     the weights it starts the step with (on-policy, those that sampled), on trained tokens only
-    (every use of them is masked by the loss mask)."""
-    if cfg.trainer.off_policy_steps and cfg.algorithm.tis_cap is None:
+    (every use of them is masked by the loss mask). algorithm.old_logprobs (not auto) picks one."""
+    source = cfg.algorithm.old_logprobs
+    if source == "engine" or (source == "auto" and cfg.trainer.off_policy_steps and cfg.algorithm.tis_cap is None):
         return batch.rollout_logprobs
     return stack.actor.logprobs(batch.input_ids, cfg.rollout.temperature, batch.attention_mask, batch.loss_mask)
 

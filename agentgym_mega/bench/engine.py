@@ -14,6 +14,12 @@ import time
 from agentgym_mega.rollout.engines import SamplingConfig
 
 
+def reset_prefix_cache(engine) -> None:
+    """Empties `engine`'s (a VLLMEngine) prefix cache, so a timed run cannot reuse the KV blocks
+    of the run before it: each run starts from the same cold cache, whatever ran earlier."""
+    engine.run(engine.llm.reset_prefix_cache())
+
+
 def run(model: str | None, prompts: int, prompt_len: int, max_tokens: int, rounds: int) -> dict:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -48,7 +54,7 @@ def run(model: str | None, prompts: int, prompt_len: int, max_tokens: int, round
         wrapper()  # warm-up
         for r in range(rounds):
             for name, fn in (("wrapper", wrapper), ("direct", direct))[:: 1 if r % 2 == 0 else -1]:
-                engine.run(engine.llm.reset_prefix_cache())
+                reset_prefix_cache(engine)
                 start = time.perf_counter()
                 tokens = fn()
                 timings[name].append(tokens / (time.perf_counter() - start))

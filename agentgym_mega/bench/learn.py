@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 
 from agentgym_mega.config import Config, load_config
 
@@ -54,16 +55,67 @@ def run(estimator: str, steps: int, output_dir: str, settings: list[str] | None 
     train(cfg)
     with open(os.path.join(output_dir, "metrics.jsonl")) as f:
         logged = [json.loads(line) for line in f]
-    evals = [m for m in logged if "eval/success" in m]
-    first, last = evals[0], evals[-1]
+    trained = [m for m in logged if m["step"] > 0]
     # Training time only: start-up and evaluations are the same whatever the settings.
-    seconds = sum(m.get(f"time/{p}_s", 0.0) for m in logged if m["step"] > 0 for p in STEP_PHASES)
-    return {
+    phases = {p: sum(m.get(f"time/{p}_s", 0.0) for m in trained) / steps for p in STEP_PHASES}
+    seconds = steps * sum(phases.values())
+    report = {
         "estimator": estimator, "steps": steps, "settings": list(settings or []),
         "train_seconds": seconds, "steps_per_hour": 3600 * steps / seconds,
-        "start_success": first["eval/success"], "end_success": last["eval/success"],
-        "start_avg": first["eval/avg"], "end_avg": last["eval/avg"],
-        "eval_curve": {m["step"]: m["eval/success"] for m in evals},
-        "eval_tasks": cfg.eval.limit, "eval_n": cfg.eval.n, "levels": cfg.env.categories,
+        "seconds_per_step_by_phase": phases,
+        "levels": cfg.env.categories, "output_dir": output_dir,
+    }
+    evals = [m for m in logged if "eval/success" in m]
+    if evals:  # none when the settings turn evaluation off (a throughput comparison)
+        first, last = evals[0], evals[-1]
+        report |= {"start_success": first["eval/success"], "end_success": last["eval/success"],
+                   "start_avg": first["eval/avg"], "end_avg": last["eval/avg"],
+                   "eval_curve": {m["step"]: m["eval/success"] for m in evals},
+                   "eval_tasks": cfg.eval.limit, "eval_n": cfg.eval.n}
+    return report
+
+
+# One-step off-policy against lockstep, its two effects apart: off-policy (without tis_cap) skips
+# the trainer's old-log-prob pass *and* overlaps the next rollout with the update. The middle arm
+# skips only the pass, so lockstep -> pass skipped -> off-policy shows what each adds.
+OFF_POLICY_ARMS = {
+    "lockstep": [],
+    "lockstep_pass_skipped": ["algorithm.old_logprobs=engine"],
+    "off_policy": ["cluster.placement=split", "trainer.off_policy_steps=1"],
+}
+NO_EVAL = ["eval.at_start=false", "eval.freq=0"]  # steps_per_hour leaves evaluations out anyway
+
+
+def compare_off_policy(estimator: str, steps: int, rounds: int, output_dir: str,
+                       settings: list[str] | None = None) -> dict:
+    """Each arm of OFF_POLICY_ARMS trained `rounds` times from the same base, interleaved (arm
+    order reversed every other round, so drift of a shared machine's load meets every arm alike);
+    an arm's figure is the median of its rounds."""
+    runs: dict[str, list[dict]] = {arm: [] for arm in OFF_POLICY_ARMS}
+    for r in range(rounds):
+        order = list(OFF_POLICY_ARMS) if r % 2 == 0 else list(reversed(OFF_POLICY_ARMS))
+        for arm in order:
+            arm_settings = NO_EVAL + list(settings or []) + OFF_POLICY_ARMS[arm]
+            runs[arm].append(run(estimator, steps, os.path.join(output_dir, f"{arm}-{r}"), arm_settings))
+
+    def median(arm: str, key) -> float:
+        return statistics.median(key(x) for x in runs[arm])
+
+    rate = {arm: median(arm, lambda x: x["steps_per_hour"]) for arm in runs}
+    return {
+        "what": "steps/hour over the steps' own time (rollout, log-probs, update, rollout wait, sync), "
+                "median of the rounds; evaluations off",
+        "estimator": estimator, "steps": steps, "rounds": rounds, "settings": list(settings or []),
+        "arms": {arm: OFF_POLICY_ARMS[arm] for arm in runs},
+        "steps_per_hour": rate,
+        "speedup_vs_lockstep": {arm: rate[arm] / rate["lockstep"] for arm in runs},
+        # off-policy's gain beyond skipping the pass: the overlap of the next rollout with the update
+        "overlap_speedup": rate["off_policy"] / rate["lockstep_pass_skipped"],
+        "seconds_per_step_by_phase": {arm: {p: median(arm, lambda x, p=p: x["seconds_per_step_by_phase"][p])
+                                            for p in STEP_PHASES} for arm in runs},
+        "steps_per_hour_per_round": {arm: [x["steps_per_hour"] for x in runs[arm]] for arm in runs},
+        # within a round the arms ran back to back: these ratios see less of the load's drift
+        "speedup_vs_lockstep_per_round": {arm: [x["steps_per_hour"] / base["steps_per_hour"]
+                                                for x, base in zip(runs[arm], runs["lockstep"])] for arm in runs},
         "output_dir": output_dir,
     }

@@ -7,8 +7,10 @@ policy (pretrained first when missing) through a real BabyAI server and one vLLM
 top of each env step's real cost, a stated latency: log-normal with a median of `latency_ms`
 and sigma LATENCY_SIGMA, capped at LATENCY_CAP_S, drawn from (episode, turn), so both modes
 meet the same delays. A batched step answers when its slowest item is done, as a server's
-/batch does. Every mode runs the same tasks with the same seeds, `repeats` times in turn; the
-report gives the median and checks that the modes returned the same tokens.
+/batch does. Every mode runs the same tasks with the same seeds, `repeats` times in turn, each
+run after vLLM's prefix cache is emptied (as `bench engine` does), so no mode reuses the prompts'
+KV blocks of the run before it; the report gives the median and checks that the modes returned
+the same tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 
 import torch
 
+from agentgym_mega.bench.engine import reset_prefix_cache
 from agentgym_mega.rollout.env_client import EnvClient
 
 CAPS = (2, 4, 6, 10)
@@ -95,7 +98,8 @@ def run(modes: list[str], workload: str, tasks: int, n_per_task: int, latency_ms
                 managers[mode] = RolloutManager.from_config(demo, [engine], env, tokenizer)
             managers[modes[0]].collect(picked[:2], 1, 1, seed=(0, 0))  # warm-up
             for _ in range(repeats):
-                for mode in modes:
+                for mode in modes:  # every mode meets a cold prefix cache, as the first one did
+                    reset_prefix_cache(engine)
                     start = time.perf_counter()
                     batch = managers[mode].collect(picked, n_per_task, caps, seed=(0, 1))
                     wall = time.perf_counter() - start

@@ -91,12 +91,14 @@ def config(trained: str, tp: int, bucket_mb: int):
                               "weight_sync.transport=ipc", f"weight_sync.bucket_mb={bucket_mb}"])
 
 
-def run(tp: int = 2, bucket_mb: int = 64, repeats: int = 3) -> dict:
+def run(tp: int = 2, bucket_mb: int = 64, repeats: int = 3, model: dict | None = None) -> dict:
+    """`model`: TinySpec fields of the synced Qwen2 (default BENCH_MODEL; smaller in smoke tests)."""
     from agentgym_mega.stack import Stack  # ray: see the module's imports
 
+    model = model or BENCH_MODEL
     with tempfile.TemporaryDirectory() as tmp:
-        start_model = make_tiny_model(f"{tmp}/start", TinySpec(arch="qwen2", seed=0, **BENCH_MODEL))
-        trained = make_tiny_model(f"{tmp}/trained", TinySpec(arch="qwen2", seed=1, **BENCH_MODEL))
+        start_model = make_tiny_model(f"{tmp}/start", TinySpec(arch="qwen2", seed=0, **model))
+        trained = make_tiny_model(f"{tmp}/trained", TinySpec(arch="qwen2", seed=1, **model))
         cfg = config(trained, tp, bucket_mb)
         # The trainer holds different weights than the engine started with, so the sync must
         # really move them for the log-probs to agree afterwards. The engine has started before
@@ -112,7 +114,7 @@ def run(tp: int = 2, bucket_mb: int = 64, repeats: int = 3) -> dict:
             diff = _logprob_gap(actor, engine)
     stats = sorted(syncs, key=lambda s: s.seconds)[len(syncs) // 2]
     return {
-        "model": f"qwen2 {BENCH_MODEL}", "trainer_tp": tp, "bucket_mb": bucket_mb, "repeats": repeats,
+        "model": f"qwen2 {model}", "trainer_tp": tp, "bucket_mb": bucket_mb, "repeats": repeats,
         "params": stats.params, "bytes": stats.bytes, "seconds": stats.seconds,
         "gbps": stats.gbps, "ceiling_gbps": ceiling, "fraction_of_ceiling": stats.gbps / ceiling,
         "all_seconds": [s.seconds for s in syncs],

@@ -93,6 +93,8 @@ def megatron_step_times(hf_dir: str, tp: int, spec: BenchSpec) -> list[float]:
 
 
 def run(spec: BenchSpec | None = None) -> dict:
+    """The report. Its headline ratio compares whole layouts, so at TP=2 it sets two cores against
+    transformers' one; the per-core figures (`cores`, `*_per_core`) divide each side by its cores."""
     from agentgym_mega.platform.local_ranks import run_on_local_ranks
 
     spec = spec or BenchSpec()
@@ -111,8 +113,11 @@ def run(spec: BenchSpec | None = None) -> dict:
 
     hf = tokens_per_s([t for r in times["hf"] for t in r])
     megatron = {name: tokens_per_s([t for r in times[name] for t in r]) for name in ("tp1", "tp2")}
+    cores = {name: ranks * spec.threads for name, (_, ranks, _) in sides.items()}
+    per_core = {k: v / cores[k] for k, v in megatron.items()}
     report = {
-        "what": "forward+backward tokens/s (median step), mean next-token NLL, fp32, CPU",
+        "what": "forward+backward tokens/s (median step), mean next-token NLL, fp32, CPU; ratio_megatron_over_hf "
+                "sets tp2's 2 cores against transformers' 1, ratio_megatron_over_hf_per_core divides each by its cores",
         "model": dataclasses.asdict(spec.model),
         "batch": spec.batch, "seq": spec.seq, "warmup": spec.warmup, "iters": spec.iters, "rounds": spec.rounds,
         "threads_per_process": spec.threads,
@@ -121,9 +126,13 @@ def run(spec: BenchSpec | None = None) -> dict:
         "ratio_megatron_over_hf": {k: round(v / hf, 3) for k, v in megatron.items()},
         "ratio_per_round": {k: [round(tokens_per_s(m) / tokens_per_s(h), 3) for m, h in zip(times[k], times["hf"])]
                             for k in megatron},
+        "cores": cores,
+        "megatron_tokens_per_s_per_core": {k: round(v, 1) for k, v in per_core.items()},
+        "ratio_megatron_over_hf_per_core": {k: round(v / (hf / cores["hf"]), 3) for k, v in per_core.items()},
     }
     for layout, tps in report["megatron_tokens_per_s"].items():
         print(f"bench train: megatron {layout} {tps:.0f} tokens/s vs transformers {hf:.0f} tokens/s "
-              f"(ratio {report['ratio_megatron_over_hf'][layout]:.2f}; rounds "
+              f"(ratio {report['ratio_megatron_over_hf'][layout]:.2f} on {cores[layout]} core(s) vs {cores['hf']}, "
+              f"{report['ratio_megatron_over_hf_per_core'][layout]:.2f} per core; rounds "
               f"{', '.join(f'{r:.2f}' for r in report['ratio_per_round'][layout])})")
     return report

@@ -69,7 +69,8 @@ def _add_bench_train(benches) -> None:
             "Builds a tiny Qwen2 model and times forward+backward of the mean next-token NLL on the\n"
             "same batch with transformers and with the megatron-core actor at TP=1 and TP=2 (local\n"
             "gloo ranks on CPU), one thread per process. Every side runs in a fresh process, in\n"
-            "alternating rounds; reports tokens/s from the median step, the ratios and each round's.\n"
+            "alternating rounds; reports tokens/s from the median step, the ratios and each round's,\n"
+            "and the same per core (TP=2 runs on two cores, transformers and TP=1 on one).\n"
             "Without options it measures the figure docs/results.md tracks (4 layers, hidden 256, 8\n"
             "heads, 2 KV heads, vocab 2048, 4 x 256 tokens); the options below change one part of that\n"
             "to see how the ratio moves with the model's size."
@@ -226,9 +227,7 @@ def _add_bench_env(benches) -> None:
 
 def _add_bench_learn(benches) -> None:
     b = command(
-        benches, "learn",
-        run=lambda a: _bench("learn").run(a.estimator, a.steps,
-                                          a.output_dir or os.path.join("runs", "bench-learn", a.estimator), a.set),
+        benches, "learn", run=_run_bench_learn,
         help="held-out success before and after RL on the CPU demo's task, for one estimator",
         description=(
             "Trains the CPU demo (configs/demo_cpu.yaml: three BabyAI levels, the tiny base policy,\n"
@@ -237,8 +236,12 @@ def _add_bench_learn(benches) -> None:
             "held-out success (and Avg@n) at the start and the end: estimator, steps, start_success,\n"
             "end_success, and steps_per_hour over the steps' own time (start-up and evaluations left\n"
             "out). --set KEY=VALUE (repeatable) changes the demo's config, e.g. rollout.mode=async or\n"
-            "cluster.placement=split trainer.off_policy_steps=1. About 15 minutes for 160 steps on 2\n"
-            "cores (gae more: it trains a critic)."
+            "cluster.placement=split trainer.off_policy_steps=1. As long as a demo run (gae longer:\n"
+            "it trains a critic).\n"
+            "--off-policy-arms: instead, steps/hour of three arms, --rounds times each, interleaved,\n"
+            "evaluations off: lockstep, lockstep with the old-log-prob pass skipped\n"
+            "(algorithm.old_logprobs=engine) and one-step off-policy, which both skips the pass and\n"
+            "overlaps the next rollout with the update: speedup_vs_lockstep and overlap_speedup."
         ),
     )
     b.add_argument("--estimator", required=True, choices=("gae", "grpo", "reinforce_pp", "rloo"))
@@ -246,7 +249,20 @@ def _add_bench_learn(benches) -> None:
     b.add_argument("--output-dir", help="the run's directory (default runs/bench-learn/ESTIMATOR); must not hold a run")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override on top of the demo's (repeatable)")
+    b.add_argument("--off-policy-arms", action="store_true",
+                   help="compare lockstep, lockstep without the old-log-prob pass, and one-step off-policy")
+    b.add_argument("--rounds", type=COUNT, default=2, help="--off-policy-arms: runs of each arm (default 2)")
     json_option(b, BENCH_JSON)
+
+
+def _run_bench_learn(args) -> dict:
+    learn = _bench("learn")
+    if args.off_policy_arms:
+        return learn.compare_off_policy(args.estimator, args.steps, args.rounds,
+                                        args.output_dir or os.path.join("runs", "bench-learn", "off-policy-arms"),
+                                        args.set)
+    return learn.run(args.estimator, args.steps, args.output_dir or os.path.join("runs", "bench-learn", args.estimator),
+                     args.set)
 
 
 def _add_bench_startup(benches) -> None:

@@ -2,8 +2,9 @@
 optimizer state against the bytes megatron-core actually allocates (weights not loaded, optimizer state
 allocated as a checkpoint load does), on gloo ranks: the tiny Qwen2 (tied, QKV bias) and Llama
 (untied, padded vocabulary) and a ~95M Llama, fp32 and bf16, at TP=1, TP=2, DP=2 and PP=2.
-Within 5% each; on CPU the local layer spec keeps norm weights in fp32 while the plan (for
-Transformer Engine on GPU) counts them in the model dtype, which is the small bf16 difference."""
+Exact in fp32 and within 0.3% in bf16, as claimed: on CPU the local layer spec keeps norm weights
+in fp32 while the plan (for Transformer Engine on GPU) counts them in the model dtype, which is the
+small bf16 difference."""
 
 import json
 import os
@@ -16,7 +17,7 @@ from tests.distributed import plan_jobs
 
 pytestmark = pytest.mark.slow
 
-TOLERANCE = 0.05
+TOLERANCE = {"float32": 0.0, "bfloat16": 0.003}  # relative, per figure
 DTYPES = {"float32": 4, "bfloat16": 2}
 LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 1, 2), "dp2": (1, 1, 2), "pp2": (1, 2, 2)}  # (tp, pp, world)
 
@@ -53,7 +54,7 @@ def test_planned_bytes_match_what_megatron_allocates(models, measured):
     for layout, rank, model, dtype, quantity, planned, got in rows:
         print(f"{layout} {rank} {model} {dtype} {quantity} {planned} {got} {(planned - got) / got:+.3%}")
     assert len(rows) == sum(w for _, _, w in LAYOUTS.values()) * len(models) * len(DTYPES) * 3
-    bad = [r for r in rows if abs(r[5] - r[6]) > TOLERANCE * r[6]]
+    bad = [r for r in rows if abs(r[5] - r[6]) > TOLERANCE[r[3]] * r[6]]
     assert not bad, bad
 
 

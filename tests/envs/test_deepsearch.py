@@ -187,14 +187,17 @@ def _play(client: EnvClient, questions: list[int], max_turns: int = 6) -> list[b
 def test_the_scripted_agent_solves_the_shipped_questions_through_the_server(deepsearch_server):
     client = EnvClient([deepsearch_server.url])
     try:
-        rates = {}
+        unsolved = {}
         for source in ("single", "twohop"):
             ids = [i for i, q in enumerate(SHIPPED) if q.source == source]
             solved = [ok for start in range(0, len(ids), 256) for ok in _play(client, ids[start:start + 256])]
-            rates[source] = sum(solved) / len(solved)
+            unsolved[source] = [i for i, ok in zip(ids, solved) if not ok]
     finally:
         client.shutdown()
-    assert rates["single"] >= 0.95 and rates["twohop"] >= 0.80, rates
+    # The claim (README, Deep Search): it solves all 900, the 500 single-hop and 400 two-hop.
+    assert {source: len([q for q in SHIPPED if q.source == source]) for source in unsolved} == \
+        {"single": 500, "twohop": 400}
+    assert unsolved == {"single": [], "twohop": []}, unsolved
 
 
 def _post(server, path, body=None):

@@ -87,6 +87,7 @@ BAD = [
     (["algorithm.kl_in=reward"], ["algorithm.kl_in", "estimator=grpo", "one number per episode", "kl_coef=0"]),
     (["algorithm.estimator=rloo", "algorithm.kl_in=reward"], ["algorithm.kl_in", "estimator=rloo"]),
     (["algorithm.dual_clip=0.5"], ["algorithm.dual_clip", "> 1"]),
+    (["algorithm.tis_cap=2", "algorithm.old_logprobs=engine"], ["algorithm.old_logprobs", "'engine'", "tis_cap"]),
     (["env.categories=[]"], ["env.categories", "non-empty list"]),
     (["eval.n=0"], ["eval.n", "integer >= 1"]),
     (["eval.max_turns=0"], ["eval.max_turns", "or null"]),
