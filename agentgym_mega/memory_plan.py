@@ -43,7 +43,7 @@ import os
 
 from agentgym_mega.cluster import offload_on
 from agentgym_mega.cluster import roles as run_roles
-from agentgym_mega.config import ConfigError, apply_overrides, to_dict, validate
+from agentgym_mega.config import Config, ConfigError, apply_overrides, to_dict, validate
 from agentgym_mega.errors import BadInput
 from agentgym_mega.memory_formulas import (
     ENGINE_OVERHEAD,
@@ -137,7 +137,7 @@ class Layout:
     nodes: int | None  # None: as many as the layout needs
 
     @classmethod
-    def of(cls, cfg, gpus_per_node: int, gpu_mem_gb: float, nodes: int | None) -> "Layout":
+    def of(cls, cfg: Config, gpus_per_node: int, gpu_mem_gb: float, nodes: int | None) -> "Layout":
         t, r = cfg.trainer, cfg.rollout
         return cls(
             tp=cfg.parallel.tp, pp=cfg.parallel.pp, world_size=cfg.parallel.world_size,
@@ -310,7 +310,7 @@ def plan_layout(a: Arch, lay: Layout) -> dict:
     }
 
 
-def plan(cfg, hf: dict, gpus_per_node: int = 8, gpu_mem_gb: float = 80.0, nodes: int | None = None,
+def plan(cfg: Config, hf: dict, gpus_per_node: int = 8, gpu_mem_gb: float = 80.0, nodes: int | None = None,
          source: str = "") -> dict:
     """The plan of ``cfg`` on nodes of ``gpus_per_node`` GPUs of ``gpu_mem_gb`` GB (``nodes``:
     as many as the layout needs). One that does not fit has ``fits`` false, the ``reason`` and the
@@ -376,7 +376,7 @@ def _overrides(lay: Layout, new: Layout) -> list[str]:
     return changes
 
 
-def nearest(cfg, a: Arch, lay: Layout, limit: int = MAX_NEAREST) -> list[dict]:
+def nearest(cfg: Config, a: Arch, lay: Layout, limit: int = MAX_NEAREST) -> list[dict]:
     """Up to ``limit`` layouts that fit and that the config accepts, fewest changed settings first
     (then fewest nodes, then lowest peak), each as the overrides that make it; a layout that only
     adds changes to one already found is left out."""

@@ -11,7 +11,12 @@ import statistics
 import tempfile
 import time
 
+from agentgym_mega.models.tiny import TinySpec, make_tiny_model
 from agentgym_mega.rollout.engines import SamplingConfig
+from agentgym_mega.rollout.engines.vllm_engine import VLLMEngine
+
+# vLLM is imported where the direct AsyncLLM side needs it: bench rollout imports this module for
+# its prefix-cache helper alone.
 
 
 def reset_prefix_cache(engine) -> None:
@@ -24,8 +29,6 @@ def run(model: str | None, prompts: int, prompt_len: int, max_tokens: int, round
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from agentgym_mega.models.tiny import TinySpec, make_tiny_model
-    from agentgym_mega.rollout.engines.vllm_engine import VLLMEngine
 
     with tempfile.TemporaryDirectory() as tmp:
         model = model or make_tiny_model(f"{tmp}/tiny", TinySpec())

@@ -29,6 +29,9 @@ import requests
 
 from agentgym_mega.network import start_server
 from agentgym_mega.rollout.env_client import EnvClient, EnvServerError, wait_healthy
+from envs.deepsearch import tasks
+from envs.deepsearch.options import DATA_DIR
+from envs.deepsearch.retriever import PASSAGES, bench_queries, build_index
 
 # Actions that exercise each game without solving it quickly.
 ACTIONS = {
@@ -187,9 +190,6 @@ def serving(command: list[str], process: list | None = None):
 @contextlib.contextmanager
 def _shipped_retriever():
     """Deep Search's deployed shape: the shipped corpus indexed, served by `retriever serve`."""
-    from envs.deepsearch.options import DATA_DIR
-    from envs.deepsearch.retriever import PASSAGES, build_index
-
     with tempfile.TemporaryDirectory(prefix="bench-retriever-") as tmp:
         build_index(os.path.join(DATA_DIR, PASSAGES), os.path.join(tmp, "index"), progress=False)
         with serving(["retriever", "serve", "--index", os.path.join(tmp, "index")]) as url:
@@ -198,10 +198,6 @@ def _shipped_retriever():
 
 def _retriever_rates(url: str) -> dict:
     """Queries/s of the retriever the env server searched through, on the shipped questions."""
-    from envs.deepsearch import tasks
-    from envs.deepsearch.options import DATA_DIR
-    from envs.deepsearch.retriever import bench_queries
-
     rates = bench_queries(url, [q.question for q in tasks.load(DATA_DIR)], concurrency=16)
     print(f"retriever: {rates['batched_qps']:.0f} queries/s batched ({rates['queries']} in one request), "
           f"{rates['single_qps']:.0f} queries/s one per request from {rates['concurrency']} threads "

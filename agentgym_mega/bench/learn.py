@@ -13,7 +13,9 @@ import json
 import os
 import statistics
 
+from agentgym_mega import cli
 from agentgym_mega.config import Config, load_config
+from agentgym_mega.trainer import train
 
 DEMO_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "demo_cpu.yaml")
 DEMO_STEPS = 160  # the demo's length, which its horizon interval and eval frequency are set for
@@ -32,8 +34,6 @@ def overrides(estimator: str, steps: int, output_dir: str) -> list[str]:
 def ensure_base(cfg: Config) -> None:
     if os.path.isfile(os.path.join(cfg.model.path, "config.json")):
         return
-    from agentgym_mega import cli
-
     code = cli.main(["pretrain-tiny", "--env", cfg.env.name, "--categories", ",".join(cfg.env.categories),
                      "--out", cfg.model.path])
     if code:
@@ -46,8 +46,6 @@ STEP_PHASES = ("rollout", "logprob", "values", "train", "rollout_wait", "sync")
 
 def run(estimator: str, steps: int, output_dir: str, settings: list[str] | None = None) -> dict:
     """`settings`: more config overrides (e.g. rollout.mode=async), applied last."""
-    from agentgym_mega.trainer import train
-
     cfg = load_config(DEMO_CONFIG, overrides(estimator, steps, output_dir) + list(settings or []))
     ensure_base(cfg)
     if os.path.exists(os.path.join(output_dir, "metrics.jsonl")):

@@ -23,7 +23,16 @@ import time
 import torch
 
 from agentgym_mega.bench.engine import reset_prefix_cache
+from agentgym_mega.bench.env import serving
+from agentgym_mega.bench.learn import DEMO_CONFIG, ensure_base
+from agentgym_mega.config import load_config
+from agentgym_mega.rollout.engines.vllm_engine import VLLMEngine
 from agentgym_mega.rollout.env_client import EnvClient
+from agentgym_mega.rollout.manager import RolloutManager
+from agentgym_mega.rollout.tasks import select_tasks
+
+# transformers is imported where the tokenizer loads: its import takes seconds, and the unit
+# tests import this module for its delayed env alone.
 
 CAPS = (2, 4, 6, 10)
 LATENCY_SIGMA = 1.0
@@ -66,12 +75,6 @@ def run(modes: list[str], workload: str, tasks: int, n_per_task: int, latency_ms
     """`group_window_ms`: async's rollout.env_group_window_ms (default: the config's)."""
     from transformers import AutoTokenizer
 
-    from agentgym_mega.bench.env import serving
-    from agentgym_mega.bench.learn import DEMO_CONFIG, ensure_base
-    from agentgym_mega.config import load_config
-    from agentgym_mega.rollout.engines.vllm_engine import VLLMEngine
-    from agentgym_mega.rollout.manager import RolloutManager
-    from agentgym_mega.rollout.tasks import select_tasks
 
     if workload != "mixed":
         raise ValueError(f"unknown workload {workload!r}: mixed is the one there is")

@@ -15,7 +15,13 @@ import time
 
 import torch
 
+from agentgym_mega import platform
+from agentgym_mega.config import validate
+from agentgym_mega.models import gpt
 from agentgym_mega.models.tiny import TinySpec, make_tiny_model
+from agentgym_mega.platform.local_ranks import run_on_local_ranks
+
+# megatron (through models.actor) is imported in the ranks, not in the process that spawns them.
 
 # ~95M parameters (380 MB in fp32): weights, not the interpreter, dominate a rank's memory.
 MODEL_100M = TinySpec(arch="llama", layers=12, hidden=768, heads=12, kv_heads=4, vocab=8192, init_std=0.02)
@@ -37,9 +43,6 @@ def _reset_peak() -> None:
 
 def rank_start_up(hf_dir: str, tp: int, trainable: bool) -> dict:
     """On each of ``tp`` ranks: builds and loads the actor, returns this rank's figures in MB."""
-    from agentgym_mega import platform
-    from agentgym_mega.config import validate
-    from agentgym_mega.models import gpt
     from agentgym_mega.models.actor import MegatronActor
 
     platform.init_distributed(tp=tp, pp=1, seed=0)
@@ -64,8 +67,6 @@ def rank_start_up(hf_dir: str, tp: int, trainable: bool) -> dict:
 
 def measure(hf_dir: str, tp: int, trainable: bool = False) -> list[dict]:
     """:func:`rank_start_up` on ``tp`` local ranks; one dict per rank."""
-    from agentgym_mega.platform.local_ranks import run_on_local_ranks
-
     return run_on_local_ranks(rank_start_up, tp, hf_dir, tp, trainable)
 
 

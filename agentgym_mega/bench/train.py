@@ -22,7 +22,13 @@ import time
 
 import torch
 
+from agentgym_mega import platform
+from agentgym_mega.config import validate
 from agentgym_mega.models.tiny import TinySpec, make_tiny_model
+from agentgym_mega.platform.local_ranks import run_on_local_ranks
+
+# transformers and megatron (through models.actor) are imported inside each side's function: each
+# side is timed in a process of its own, which then loads only its own framework.
 
 
 @dataclasses.dataclass
@@ -72,8 +78,6 @@ def hf_step_times(hf_dir: str, spec: BenchSpec) -> list[float]:
 
 def megatron_step_times(hf_dir: str, tp: int, spec: BenchSpec) -> list[float]:
     """Runs on each of ``tp`` ranks (rank 0's clock is the one reported)."""
-    from agentgym_mega import platform
-    from agentgym_mega.config import validate
     from agentgym_mega.models.actor import MegatronActor, token_logprobs_and_entropy
 
     platform.init_distributed(tp=tp, pp=1, seed=0)
@@ -95,8 +99,6 @@ def megatron_step_times(hf_dir: str, tp: int, spec: BenchSpec) -> list[float]:
 def run(spec: BenchSpec | None = None) -> dict:
     """The report. Its headline ratio compares whole layouts, so at TP=2 it sets two cores against
     transformers' one; the per-core figures (`cores`, `*_per_core`) divide each side by its cores."""
-    from agentgym_mega.platform.local_ranks import run_on_local_ranks
-
     spec = spec or BenchSpec()
     sides = {"hf": (hf_step_times, 1, ()), "tp1": (megatron_step_times, 1, (1,)),
              "tp2": (megatron_step_times, 2, (2,))}
