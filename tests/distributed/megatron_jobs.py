@@ -247,11 +247,11 @@ def micro_batch_job(tp: int, pp: int, world: int, hf_dir: str) -> dict:
     micro-batch, micro-batches of 4 and of 2 sequences, and token-budget bins; each with the
     log-probs before and after (real tokens only), its metrics, and what megatron's schedule was
     given (function and number of micro-batches)."""
-    from megatron.core import pipeline_parallel
+    from agentgym_mega.models import shard  # the schedule is recorded where the shard looks it up
 
     platform.init_distributed(tp=tp, pp=pp, seed=0)
     seen = []
-    original = pipeline_parallel.get_forward_backward_func
+    original = shard.get_forward_backward_func
 
     def recording():
         schedule = original()
@@ -261,7 +261,7 @@ def micro_batch_job(tp: int, pp: int, world: int, hf_dir: str) -> dict:
             return schedule(**kwargs)
         return run
 
-    pipeline_parallel.get_forward_backward_func = recording
+    shard.get_forward_backward_func = recording
     ids = tokens(512, batch=len(LENGTHS), seed=4)
     attention = (torch.arange(SEQ) < torch.tensor(LENGTHS)[:, None]).long()
     batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": attention.float() * (torch.arange(SEQ) > 0)}
@@ -283,7 +283,7 @@ def micro_batch_job(tp: int, pp: int, world: int, hf_dir: str) -> dict:
                          "schedules": schedules}
             del actor
     finally:
-        pipeline_parallel.get_forward_backward_func = original
+        shard.get_forward_backward_func = original
     return out
 
 
