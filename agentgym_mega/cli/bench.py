@@ -215,7 +215,7 @@ def _add_bench_env(benches) -> None:
             "(one HTTP call per step, one client thread per episode) and through the batched path\n"
             "(one /batch call per round). Reports steps/s and p50/p99 step latency per concurrency\n"
             "and path, the server's RSS before and after, and the batched/per-request ratio.\n"
-            "SciWorld starts one JVM (~200 MB) per episode: keep its concurrency small."
+            "SciWorld starts one JVM per episode, the heaviest instance of any env: keep its concurrency small."
         ),
     )
     b.add_argument("--env", required=True, choices=KINDS, help="environment kind to measure")
