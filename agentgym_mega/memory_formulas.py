@@ -234,12 +234,6 @@ def kv_bytes_per_token(a: Arch, engine_tp: int, dtype_bytes: int) -> int:
     return 2 * a.layers * max(1, a.kv_heads // engine_tp) * a.head_dim * dtype_bytes
 
 
-def qkv_params(a: Arch, layers: int) -> int:
-    """Fused Q/K/V weights (and biases) of ``layers`` whole layers."""
-    rows = (a.heads + 2 * a.kv_heads) * a.head_dim
-    return layers * rows * (a.hidden + (1 if a.qkv_bias else 0))
-
-
 def sync_bytes(a: Arch, tp: int, pp: int, transport: str, dtype_bytes: int, bucket_bytes: int) -> int:
     """What exporting the weights adds on a sending rank, for a resolved `transport`: TP rank 0
     of the first stage over ZMQ, of every stage over the collective, every rank over CUDA IPC."""

@@ -51,29 +51,16 @@ from agentgym_mega.memory_formulas import (
     Arch,
     LayoutError,
     activation_bytes,
-    buffer_numel,
     check_engine,
     check_model_parallel,
     engine_sync_bytes,
-    forward_flops_per_token,
     kv_bytes_per_token,
-    layer_activation_elements,
-    layer_params,
     logits_bytes,
-    stage_buckets,
-    stage_params,
     sync_bytes,
     total_params,
     trainer_state,
 )
 from agentgym_mega.weight_sync import SyncError, choose_transport
-
-# The formulas' names stay importable from here, where the planner's callers have found them.
-__all__ = ["ENGINE_OVERHEAD", "GB", "Arch", "Layout", "LayoutError", "activation_bytes", "buffer_numel",
-           "check_engine", "check_model_parallel", "engine_sync_bytes", "forward_flops_per_token",
-           "kv_bytes_per_token", "layer_activation_elements", "layer_params", "logits_bytes", "nearest", "plan",
-           "plan_layout", "read_architecture", "refusal", "render", "stage_buckets", "stage_params", "sync_bytes",
-           "total_params", "trainer_state"]
 
 HEADROOM = 0.05
 PHASES = ("startup", "rollout", "training", "weight_sync")

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from agentgym_mega import memory_formulas as mf
 from agentgym_mega import memory_plan as mp
 from agentgym_mega.cluster import roles as run_roles
 from agentgym_mega.config import Config, ConfigError, apply_overrides, to_dict, validate
@@ -54,7 +55,7 @@ def scaled(cfg: Config, nodes: int, gpus_per_node: int) -> list[str]:
     factor = nodes / base.nodes_used
     world, engines = base.world_size * factor, base.num_engines * factor
     if world != int(world) or engines != int(engines) or engines < 1:
-        raise mp.LayoutError(f"{base.world_size} trainer GPUs and {base.num_engines} engines on "
+        raise mf.LayoutError(f"{base.world_size} trainer GPUs and {base.num_engines} engines on "
                              f"{base.nodes_used} node(s) do not scale to {nodes}")
     return [f"parallel.world_size={int(world)}", f"rollout.num_engines={int(engines)}", "parallel.dp=null"]
 
@@ -69,10 +70,10 @@ def estimate(cfg: Config, hf: dict, nodes: int, hw: Hardware, work: Workload, gp
     try:
         overrides = scaled(cfg, nodes, gpus_per_node)
         cfg = validate(apply_overrides(to_dict(cfg), overrides))
-        a = mp.Arch.of(hf)
+        a = mf.Arch.of(hf)
         lay = mp.Layout.of(cfg, gpus_per_node, gpu_mem_gb, nodes)
         plan = mp.plan_layout(a, lay)
-    except (mp.LayoutError, ConfigError) as exc:
+    except (mf.LayoutError, ConfigError) as exc:
         return {"nodes": nodes, "error": str(exc).replace("invalid config:\n  ", "").splitlines()[0]}
     if not plan["fits"]:
         return {"nodes": nodes, "error": f"does not fit: {plan['reason']}"}
@@ -83,7 +84,7 @@ def estimate(cfg: Config, hf: dict, nodes: int, hw: Hardware, work: Workload, gp
     turns = work.turns or max(cfg.horizon.caps)
     S = cfg.trainer.batch_size * cfg.rollout.n_per_task
     flop_rate = hw.peak_tflops * 1e12 * hw.mfu
-    fwd = mp.forward_flops_per_token(a, L / 2)
+    fwd = mf.forward_flops_per_token(a, L / 2)
     engine = plan["engine"]
     roles = run_roles(cfg)
 
@@ -108,7 +109,7 @@ def estimate(cfg: Config, hf: dict, nodes: int, hw: Hardware, work: Workload, gp
     minis = cfg.trainer.batch_size // cfg.trainer.mini_batch_size
     compute = (len(trained) * cfg.trainer.ppo_epochs * passes * tokens * fwd / (gpus * flop_rate)
                * _bubble(lay.pp, per_rank / minis, micro_tokens))
-    rank_params = mp.stage_params(a, lay.tp, lay.pp, 0)
+    rank_params = mf.stage_params(a, lay.tp, lay.pp, 0)
     dp_inside_node = lay.tp * lay.dp <= gpus_per_node
     dp_link = (hw.nvlink_gbps if dp_inside_node else hw.network_gbps) * 1e9
     dp_step = (lay.dp - 1) / lay.dp * rank_params * 6 / dp_link
@@ -116,7 +117,7 @@ def estimate(cfg: Config, hf: dict, nodes: int, hw: Hardware, work: Workload, gp
     train = {"compute": compute, "dp_comm": optimizer_steps * dp_step}
 
     # weight sync
-    weights = mp.total_params(a) * lay.engine_dtype_bytes
+    weights = mf.total_params(a) * lay.engine_dtype_bytes
     transport = lay.sync_transport()
     gather = weights / lay.pp * (lay.tp - 1) / lay.tp / (hw.nvlink_gbps * 1e9)
     if transport == "cuda_ipc":
@@ -137,7 +138,7 @@ def estimate(cfg: Config, hf: dict, nodes: int, hw: Hardware, work: Workload, gp
     step = sum(seconds.values())
     return {"nodes": nodes, "gpus": lay.gpus_needed, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
             "engine_tp": etp, "engines": lay.num_engines, "transport": transport,
-            "peak_gb": plan["peak_bytes"] / mp.GB, "tokens_per_step": tokens, "waves": waves,
+            "peak_gb": plan["peak_bytes"] / mf.GB, "tokens_per_step": tokens, "waves": waves,
             "seconds": seconds, "detail": {"rollout": rollout, "train": train}, "step_s": step,
             "tokens_per_s": tokens / step}
 
@@ -149,7 +150,7 @@ def project(recipes: list[tuple[str, object, dict]], nodes: list[int], hw: Hardw
     for name, cfg, hf in recipes:
         base = None
         for n in nodes:
-            row = {"recipe": name, "model_params": mp.total_params(mp.Arch.of(hf))}
+            row = {"recipe": name, "model_params": mf.total_params(mf.Arch.of(hf))}
             row |= estimate(cfg, hf, n, hw, work, gpus_per_node, gpu_mem_gb)
             if "error" not in row:
                 base = base or row

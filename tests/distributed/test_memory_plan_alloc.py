@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from agentgym_mega import memory_plan
+from agentgym_mega import memory_formulas
 from agentgym_mega.platform.local_ranks import run_on_local_ranks
 from tests.distributed import plan_jobs
 
@@ -40,9 +40,9 @@ def comparisons(models, measured):
         for rank, result in enumerate(measured[layout]):
             for model, hf_dir in models.items():
                 with open(os.path.join(hf_dir, "config.json")) as f:
-                    arch = memory_plan.Arch.of(json.load(f))
+                    arch = memory_formulas.Arch.of(json.load(f))
                 for dtype, size in DTYPES.items():
-                    planned = memory_plan.trainer_state(arch, tp, pp, world // (tp * pp), result["stage"], size)
+                    planned = memory_formulas.trainer_state(arch, tp, pp, world // (tp * pp), result["stage"], size)
                     for quantity, got in result[(model, dtype)].items():
                         rows.append((layout, rank, model, dtype, quantity, planned[quantity], got))
     return rows

@@ -9,6 +9,7 @@ import pathlib
 import pytest
 import yaml
 
+from agentgym_mega import memory_formulas as mf
 from agentgym_mega import memory_plan as mp
 from agentgym_mega.cli import main
 from agentgym_mega.config import ConfigError, load_config
@@ -45,61 +46,61 @@ def plan_of(path: str, overrides=(), **gpus) -> dict:
 
 
 def test_parameter_counts_per_rank_by_hand():
-    a = mp.Arch.of(SMALL)
+    a = mf.Arch.of(SMALL)
     assert (a.head_dim, a.qkv_bias, a.tied) == (32, True, False)
-    assert sum(mp.layer_params(a, 1)) == LAYER_TP1 == 147968
-    assert sum(mp.layer_params(a, 2)) == LAYER_TP2 == 74112
+    assert sum(mf.layer_params(a, 1)) == LAYER_TP1 == 147968
+    assert sum(mf.layer_params(a, 2)) == LAYER_TP2 == 74112
     embedding = VOCAB_ROWS * 128
-    assert mp.stage_params(a, 1, 1, 0) == 2 * LAYER_TP1 + embedding + 128 + embedding
-    assert mp.stage_params(a, 2, 1, 0) == 2 * LAYER_TP2 + embedding // 2 + 128 + embedding // 2
-    assert mp.stage_params(a, 1, 2, 0) == LAYER_TP1 + embedding  # first stage: embedding
-    assert mp.stage_params(a, 1, 2, 1) == LAYER_TP1 + 128 + embedding  # last: final norm, LM head
-    assert mp.stage_params(a, 1, 2, 1, value_head=True) == LAYER_TP1 + 128 + 128 + 1
-    assert mp.total_params(a) == 2 * LAYER_TP1 + 2 * 300 * 128 + 128  # the checkpoint's, unpadded
+    assert mf.stage_params(a, 1, 1, 0) == 2 * LAYER_TP1 + embedding + 128 + embedding
+    assert mf.stage_params(a, 2, 1, 0) == 2 * LAYER_TP2 + embedding // 2 + 128 + embedding // 2
+    assert mf.stage_params(a, 1, 2, 0) == LAYER_TP1 + embedding  # first stage: embedding
+    assert mf.stage_params(a, 1, 2, 1) == LAYER_TP1 + 128 + embedding  # last: final norm, LM head
+    assert mf.stage_params(a, 1, 2, 1, value_head=True) == LAYER_TP1 + 128 + 128 + 1
+    assert mf.total_params(a) == 2 * LAYER_TP1 + 2 * 300 * 128 + 128  # the checkpoint's, unpadded
 
 
 def test_a_tied_embedding_is_one_tensor_at_pp1_and_a_bucket_of_its_own_on_both_ends_at_pp2():
-    a = mp.Arch.of(SMALL | {"tie_word_embeddings": True})
+    a = mf.Arch.of(SMALL | {"tie_word_embeddings": True})
     embedding = VOCAB_ROWS * 128
-    assert mp.stage_params(a, 1, 1, 0) == 2 * LAYER_TP1 + embedding + 128
-    assert mp.stage_buckets(a, 1, 2, 0)[1] == [embedding]
-    assert mp.stage_buckets(a, 1, 2, 1)[1] == [embedding]  # the last stage's copy
-    assert len(mp.stage_buckets(a, 1, 2, 1, value_head=True)) == 1  # the critic is never tied
+    assert mf.stage_params(a, 1, 1, 0) == 2 * LAYER_TP1 + embedding + 128
+    assert mf.stage_buckets(a, 1, 2, 0)[1] == [embedding]
+    assert mf.stage_buckets(a, 1, 2, 1)[1] == [embedding]  # the last stage's copy
+    assert len(mf.stage_buckets(a, 1, 2, 1, value_head=True)) == 1  # the critic is never tied
 
 
 def test_buffer_padding_follows_megatron():
     # each parameter starts at a multiple of 64 elements; a bucket ends at a multiple of lcm(dp, 128)
-    assert mp.buffer_numel([[100, 1]], dp=1) == 256  # 128 + 64 -> 256
-    assert mp.buffer_numel([[100, 1]], dp=3) == 384
-    assert mp.buffer_numel([[100], [1]], dp=1) == 256  # two buckets, each padded
+    assert mf.buffer_numel([[100, 1]], dp=1) == 256  # 128 + 64 -> 256
+    assert mf.buffer_numel([[100, 1]], dp=3) == 384
+    assert mf.buffer_numel([[100], [1]], dp=1) == 256  # two buckets, each padded
 
 
 def test_trainer_state_bytes():
-    a = mp.Arch.of(SMALL)
-    numel = mp.buffer_numel(mp.stage_buckets(a, 1, 1, 0), 2)
-    bf16 = mp.trainer_state(a, 1, 1, 2, 0, dtype_bytes=2)
+    a = mf.Arch.of(SMALL)
+    numel = mf.buffer_numel(mf.stage_buckets(a, 1, 1, 0), 2)
+    bf16 = mf.trainer_state(a, 1, 1, 2, 0, dtype_bytes=2)
     assert bf16 == {"params": 2 * numel, "grads": 4 * numel, "optimizer": numel // 2 * 12}
-    fp32 = mp.trainer_state(a, 1, 1, 2, 0, dtype_bytes=4)
+    fp32 = mf.trainer_state(a, 1, 1, 2, 0, dtype_bytes=4)
     assert fp32["optimizer"] == numel // 2 * 8  # no separate main parameters in fp32
-    frozen = mp.trainer_state(a, 1, 1, 2, 0, dtype_bytes=2, trainable=False)
-    assert frozen == {"params": 2 * mp.stage_params(a, 1, 1, 0), "grads": 0, "optimizer": 0}
+    frozen = mf.trainer_state(a, 1, 1, 2, 0, dtype_bytes=2, trainable=False)
+    assert frozen == {"params": 2 * mf.stage_params(a, 1, 1, 0), "grads": 0, "optimizer": 0}
 
 
 def test_activation_and_logit_formulas_by_hand():
-    a = mp.Arch.of(SMALL)
+    a = mf.Arch.of(SMALL)
     # 4h replicated + (2q + 2kv + 3f) split = 512 + (256 + 128 + 768)
-    assert mp.layer_activation_elements(a, 1, False) == 512 + 1152
-    assert mp.layer_activation_elements(a, 2, False) == 512 + 1152 / 2
-    assert mp.layer_activation_elements(a, 2, True) == (512 + 1152) / 2
-    none = mp.activation_bytes(a, 1, 1, 0, False, "none", tokens=10, dtype_bytes=2)
+    assert mf.layer_activation_elements(a, 1, False) == 512 + 1152
+    assert mf.layer_activation_elements(a, 2, False) == 512 + 1152 / 2
+    assert mf.layer_activation_elements(a, 2, True) == (512 + 1152) / 2
+    none = mf.activation_bytes(a, 1, 1, 0, False, "none", tokens=10, dtype_bytes=2)
     assert none == 10 * 2 * (2 * 1664 + 2 * 128)  # two layers, plus the head's inputs
-    assert mp.activation_bytes(a, 1, 1, 0, False, "selective", 10, 2) == none  # fused attention
-    full = mp.activation_bytes(a, 1, 1, 0, False, "full", 10, 2)
+    assert mf.activation_bytes(a, 1, 1, 0, False, "selective", 10, 2) == none  # fused attention
+    full = mf.activation_bytes(a, 1, 1, 0, False, "full", 10, 2)
     assert full == 10 * 2 * (2 * 128 + 1664 + 2 * 128)  # layer inputs + one layer recomputed
-    assert mp.activation_bytes(a, 1, 2, 0, False, "none", 10, 2) == 10 * 2 * 2 * 1664  # 2 in flight x 1 layer
-    assert mp.logits_bytes(a, 2, tokens=10, dtype_bytes=2) == 10 * 192 * (2 + 2 * 4)  # bf16 logits + 2 fp32 copies
-    assert mp.kv_bytes_per_token(a, 1, 2) == 2 * 2 * 2 * 32 * 2
-    assert mp.kv_bytes_per_token(a, 4, 2) == 2 * 2 * 1 * 32 * 2  # KV heads replicated past 2
+    assert mf.activation_bytes(a, 1, 2, 0, False, "none", 10, 2) == 10 * 2 * 2 * 1664  # 2 in flight x 1 layer
+    assert mf.logits_bytes(a, 2, tokens=10, dtype_bytes=2) == 10 * 192 * (2 + 2 * 4)  # bf16 logits + 2 fp32 copies
+    assert mf.kv_bytes_per_token(a, 1, 2) == 2 * 2 * 2 * 32 * 2
+    assert mf.kv_bytes_per_token(a, 4, 2) == 2 * 2 * 1 * 32 * 2  # KV heads replicated past 2
 
 
 @pytest.mark.parametrize("name,published", [
@@ -107,7 +108,7 @@ def test_activation_and_logit_formulas_by_hand():
     ("qwen2.5-72b-instruct", 72.7e9),
 ])
 def test_parameter_totals_match_the_published_sizes(name, published):
-    assert mp.total_params(mp.Arch.of(architecture(name))) == pytest.approx(published, rel=0.005)
+    assert mf.total_params(mf.Arch.of(architecture(name))) == pytest.approx(published, rel=0.005)
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=os.path.basename)
@@ -159,10 +160,10 @@ def test_layouts_megatron_or_vllm_refuse(overrides, message):
 
 
 def test_engines_wider_than_the_kv_heads_replicate_them_in_whole_copies():
-    a = mp.Arch.of(SMALL | {"num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 384})
-    mp.check_engine(a, 12)  # 3 copies of each KV head
-    with pytest.raises(mp.LayoutError, match="rollout.engine_tp=6 is more than num_key_value_heads=4"):
-        mp.check_engine(a, 6)
+    a = mf.Arch.of(SMALL | {"num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 384})
+    mf.check_engine(a, 12)  # 3 copies of each KV head
+    with pytest.raises(mf.LayoutError, match="rollout.engine_tp=6 is more than num_key_value_heads=4"):
+        mf.check_engine(a, 6)
 
 
 def test_too_few_nodes_and_a_kv_cache_without_room_for_one_sequence():
@@ -181,7 +182,7 @@ def test_offload_and_placement_change_the_phases():
     assert off["rollout"] > on["rollout"] and off["training"] == on["training"]
     # with offload the engines sleep while the roles load (stack.Stack), so start-up is the
     # roles' state on top of the engines' overhead, not on top of their whole share
-    assert off["startup"] - on["startup"] == int(0.5 * 80e9) - mp.ENGINE_OVERHEAD
+    assert off["startup"] - on["startup"] == int(0.5 * 80e9) - mf.ENGINE_OVERHEAD
     split = plan_of(seven_b, ["cluster.placement=split", "rollout.num_engines=4"])
     assert split["gpu"]["gpus"] == 12 and split["gpu"]["nodes"] == 2
     assert [g["name"] for g in split["gpus"]] == ["every trainer GPU", "engine GPUs"]
@@ -197,8 +198,8 @@ def test_a_run_over_two_nodes_syncs_by_collective_and_plans_its_buckets():
     assert zmq["layout"]["weight_sync"] == "tcp"
     engine = {p["name"]: p for p in two_nodes["gpus"]}["engine GPUs"]["phases"]["weight_sync"]
     engine_zmq = {p["name"]: p for p in zmq["gpus"]}["engine GPUs"]["phases"]["weight_sync"]
-    a = mp.Arch.of(architecture("qwen2.5-7b-instruct"))
-    layer_or_embedding = max(sum(mp.layer_params(a, 1)), a.vocab * a.hidden) * 2  # bf16 engines
+    a = mf.Arch.of(architecture("qwen2.5-7b-instruct"))
+    layer_or_embedding = max(sum(mf.layer_params(a, 1)), a.vocab * a.hidden) * 2  # bf16 engines
     assert engine - engine_zmq == 2 * (512 << 20) + layer_or_embedding
     # every stage sends over the collective: the last stage's sender holds two buckets too
     trainer = two_nodes["gpus"][0]["phases"]["weight_sync"] - zmq["gpus"][0]["phases"]["weight_sync"]

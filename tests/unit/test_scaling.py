@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from agentgym_mega import memory_formulas as mf
 from agentgym_mega import memory_plan as mp
 from agentgym_mega.cli import main
 from agentgym_mega.config import load_config
@@ -134,15 +135,15 @@ def test_efficiency_is_speedup_over_the_devices_ratio_against_the_first_point_wi
 
 
 def test_forward_flops_count_every_matrix_and_the_attention_by_hand():
-    a = mp.Arch.of(SMALL)
+    a = mf.Arch.of(SMALL)
     matrices = LAYER_TP1 - 2 * 128 - 256  # the layer less its norms and QKV bias: 147456
-    assert mp.forward_flops_per_token(a, 0) == 2 * (2 * matrices + 300 * 128)
-    assert mp.forward_flops_per_token(a, 100) - mp.forward_flops_per_token(a, 0) == 4 * 2 * 100 * 128
+    assert mf.forward_flops_per_token(a, 0) == 2 * (2 * matrices + 300 * 128)
+    assert mf.forward_flops_per_token(a, 100) - mf.forward_flops_per_token(a, 0) == 4 * 2 * 100 * 128
     # Qwen2.5-7B: every weight but the embedding lookup, the norms and the QKV biases, twice.
-    q7 = mp.Arch.of(architecture("qwen2.5-7b-instruct"))
-    weights = mp.total_params(q7) - 152064 * 3584 - (2 * 28 + 1) * 3584 - 28 * (28 + 8) * 128
+    q7 = mf.Arch.of(architecture("qwen2.5-7b-instruct"))
+    weights = mf.total_params(q7) - 152064 * 3584 - (2 * 28 + 1) * 3584 - 28 * (28 + 8) * 128
     assert weights == 7_070_285_824
-    assert mp.forward_flops_per_token(q7, 0) == 2 * weights
+    assert mf.forward_flops_per_token(q7, 0) == 2 * weights
 
 
 def _project_7b(nodes=(1, 2), **hardware):
