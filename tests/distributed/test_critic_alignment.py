@@ -55,7 +55,8 @@ def test_values_are_of_the_state_before_each_token(run):
 def test_gae_through_critic_values_uses_the_aligned_values(run):
     from agentgym_mega.algorithms import compute_advantages
     from agentgym_mega.config import AlgorithmConfig
-    from agentgym_mega.rollout.batch import Episode, Status, TrajectoryBatch
+    from agentgym_mega.rollout.batch import Episode, TrajectoryBatch
+    from agentgym_mega.rollout.status import Status
 
     values, head_at = run
     # prompt 0-2, a reply at 3-4, an observation 5-6, a reply at 7-8, padding 9 (row 0);

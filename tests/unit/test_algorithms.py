@@ -257,7 +257,8 @@ def test_turn_cap_fixed_and_invalid_steps():
 
 
 def _batch(scores, groups, mask, rewards=None, values=None, statuses=None):
-    from agentgym_mega.rollout.batch import Episode, Status, TrajectoryBatch
+    from agentgym_mega.rollout.batch import Episode, TrajectoryBatch
+    from agentgym_mega.rollout.status import Status
 
     mask = T(mask)
     statuses = statuses or [Status.DONE] * len(scores)
@@ -296,7 +297,8 @@ def test_eval_summary_avg_pass_at_n_and_success():
     import dataclasses
 
     from agentgym_mega.evaluation import summarize
-    from agentgym_mega.rollout.batch import Episode, Status
+    from agentgym_mega.rollout.batch import Episode
+    from agentgym_mega.rollout.status import Status
 
     def ep(task, category, score):  # success as a SciWorld task has it: full score only
         return Episode(task, category, task, score, score == 1.0, 3, Status.DONE, 10)
@@ -316,7 +318,7 @@ def test_eval_summary_avg_pass_at_n_and_success():
 
 def test_env_error_episodes_do_not_shift_their_group_baseline():
     from agentgym_mega.algorithms import compute_advantages
-    from agentgym_mega.rollout.batch import Status
+    from agentgym_mega.rollout.status import Status
 
     # group 0: scores 1, 0 and an env error that scored 0 before it broke; group 1: one valid
     # sample beside an env error, so no baseline at all.
@@ -360,7 +362,8 @@ def test_rollout_batch_state_round_trips_and_concat_pads():
     with torch.load(weights_only=True); concat pads ids with the pad id and versions with -1."""
     import io
 
-    from agentgym_mega.rollout.batch import Status, TrajectoryBatch
+    from agentgym_mega.rollout.batch import TrajectoryBatch
+    from agentgym_mega.rollout.status import Status
 
     batch = _batch([1.0, 0.0], [0, 0], [[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]], statuses=[Status.DONE, Status.TIMEOUT])
     batch.weight_versions = T([[-1, 3, 3], [-1, 3, -1]])

@@ -6,8 +6,9 @@ tests/e2e/test_rollout_manager.py runs the same function through vLLM and env se
 import torch
 
 from agentgym_mega.config import load_config
-from agentgym_mega.rollout.batch import Episode, Status, TrajectoryBatch
+from agentgym_mega.rollout.batch import Episode, TrajectoryBatch
 from agentgym_mega.rollout.dynamic_sampling import collect_batch, groups_with_spread
+from agentgym_mega.rollout.status import Status
 from agentgym_mega.rollout.tasks import TaskSampler
 from envs.environment import Task
 

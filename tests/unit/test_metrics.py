@@ -5,7 +5,8 @@ import json
 import torch
 
 from agentgym_mega.metrics import episode_metrics, plot_rewards
-from agentgym_mega.rollout.batch import Episode, Status
+from agentgym_mega.rollout.batch import Episode
+from agentgym_mega.rollout.status import Status
 
 
 def test_episode_metrics_count_outcomes_and_groups_with_spread():
