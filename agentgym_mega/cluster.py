@@ -138,6 +138,26 @@ class Placement:
         except PlacementError:
             self.remove()
             raise
+        self.trainer_devices, self.worker_devices = self._logical_devices()
+
+    def _logical_devices(self) -> tuple[list[str], list[str]]:
+        """A logical "node:gpu" for every trainer rank and every engine worker: nodes numbered in rank
+        order, a node's GPUs in bundle order (split engines' after the trainer's), as the planner
+        lays a run out. On a cluster without GPUs each process takes its own as its device
+        (weight_sync.topology), the stand-in for a GPU's UUID."""
+        nodes: dict[str, int] = {}
+        taken: dict[str, int] = {}
+
+        def take(node: str) -> str:
+            nodes.setdefault(node, len(nodes))
+            taken[node] = taken.get(node, 0) + 1
+            return f"{nodes[node]}:{taken[node] - 1}"
+
+        trainer = [take(self.trainer_nodes[b]) for b in self.trainer_order]
+        workers = self.num_engines * self.engine_tp
+        if self.colocated:  # engine j's workers share trainer bundles j * engine_tp ..., in rank order
+            return trainer, trainer[:workers]
+        return trainer, [take(self.engine_nodes[b]) for b in self.engine_order[:workers]]
 
     @staticmethod
     def _check_resource(name: str) -> None:
@@ -195,6 +215,13 @@ class Placement:
             "runtime_env": {"env_vars": {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, bundles)),
                                          "VLLM_RAY_PER_WORKER_GPUS": str(amount)}}}
 
+    def engine_devices(self, index: int) -> list[str] | None:
+        """The logical devices of engine `index`'s workers on a cluster without GPUs (None on GPUs:
+        there each worker's device is its GPU's UUID)."""
+        if self.device == "GPU":
+            return None
+        return self.worker_devices[index * self.engine_tp:(index + 1) * self.engine_tp]
+
     def engine_worker_nodes(self) -> list[str]:
         """The node id of every worker of every engine of the run (one per bundle)."""
         return [self.engine_nodes[b] for b in self.engine_order[:self.num_engines * self.engine_tp]]
@@ -224,8 +251,11 @@ class RankProcess:
         self._rendezvous, master = host_rendezvous(reachable_ip())
         return master
 
-    def setup(self, rank: int, world: int, master: dict[str, str], cfg: dict) -> None:
+    def setup(self, rank: int, world: int, master: dict[str, str], cfg: dict, device: str | None = None) -> None:
+        """`device`: this rank's logical device on a cluster without GPUs (see Placement)."""
         os.environ.update(master, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
+        if device is not None:
+            os.environ[weight_sync.DEVICES_ENV] = device
         if not platform.has_cuda():
             torch.set_num_threads(1)  # ranks share the cores; oversubscription only slows them
         self.cfg = validate(cfg)
@@ -280,8 +310,13 @@ class RankProcess:
             sends_stage = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
             self.synchronizer = weight_sync.for_trainer_rank(
                 self.cfg.weight_sync, engines, engine_nodes, workers_per_engine=self.cfg.rollout.engine_tp,
-                stage=ps.get_pipeline_model_parallel_rank() if sends_stage else None, cuda=platform.has_cuda())
+                stage=ps.get_pipeline_model_parallel_rank() if sends_stage else None, pp=self.cfg.parallel.pp,
+                cuda=platform.has_cuda())
         return self.synchronizer
+
+    def sync_groups(self) -> list[dict]:
+        """The groups weight sync formed at its first sync (topology.SyncGroup.as_dict each)."""
+        return self.synchronizer.groups if self.synchronizer is not None else []
 
     def release_memory(self, role: str, params: bool) -> None:
         self.shards[role].release_memory(params)
@@ -310,7 +345,8 @@ class TrainerWorld:
                       for i in range(world)]
         try:
             master = ray.get(self.procs[0].host_rendezvous.remote())
-            ray.get([r.setup.remote(i, world, master, to_dict(cfg)) for i, r in enumerate(self.procs)])
+            devices = placement.trainer_devices if placement and placement.device == "CPU" else [None] * world
+            ray.get([r.setup.remote(i, world, master, to_dict(cfg), devices[i]) for i, r in enumerate(self.procs)])
         except BaseException:
             self.shutdown()  # the caller never gets the ranks to shut down
             raise
@@ -401,6 +437,10 @@ class PolicyGroup(RoleGroup):
         placement = self.trainer_ranks.placement
         nodes = placement.engine_worker_nodes() if placement else None
         return self.trainer_ranks.call("sync_weights", engines, version, nodes)
+
+    def sync_groups(self) -> list[dict]:
+        """What `agentgym-mega plan` lists as sync_groups, as this run formed them."""
+        return self.trainer_ranks.call("sync_groups")
 
 
 class CriticGroup(RoleGroup):

@@ -27,7 +27,8 @@ Phases of the loop (:mod:`agentgym_mega.trainer`, :mod:`agentgym_mega.stack`), p
   plus the whole tensors of the layer it is loading. CUDA IPC sends from every rank that has
   engine workers on its GPU, through a ring of 3 buckets there, and the worker loads a layer at a
   time. The transport is resolved by the trainer's own rule (weight_sync.choose_transport):
-  ``auto`` is CUDA IPC when every engine shares the first trainer node, the collective otherwise.
+  ``auto`` is CUDA IPC when every engine worker shares a trainer rank's GPU (colocated, any
+  number of nodes), the collective otherwise.
 Colocated engines run on trainer GPUs 0 .. num_engines * engine_tp - 1; split placement plans
 trainer GPUs and engine GPUs apart. A phase fits when its peak on every GPU is within the usable
 memory.
@@ -60,7 +61,7 @@ from agentgym_mega.memory_formulas import (
     total_params,
     trainer_state,
 )
-from agentgym_mega.weight_sync import SyncError, choose_transport
+from agentgym_mega.weight_sync import SyncError, SyncLayout, choose_transport, planned_layout
 
 HEADROOM = 0.05
 PHASES = ("startup", "rollout", "training", "weight_sync")
@@ -171,14 +172,18 @@ class Layout:
             f"trainer.micro_batch_size and trainer.max_tokens_per_gpu are null: a micro-batch is a rank's "
             f"whole slice of the batch ({share} sequences of up to {self.max_model_len} tokens); set one")
 
+    def sync_layout(self) -> SyncLayout:
+        """Where the run's processes sit (weight_sync.planned_layout): colocated engines fill trainer
+        GPUs from 0, split engines the GPUs after the trainer's."""
+        return planned_layout(self.world_size, self.pp, self.num_engines, self.engine_tp,
+                              self.placement == "colocated", self.gpus_per_node)
+
     def sync_transport(self) -> str:
         """weight_sync.transport resolved by the trainer's own rule (weight_sync.choose_transport)
-        for the nodes this layout puts the engine workers on: colocated engines fill trainer GPUs
-        from 0, split engines the GPUs after the trainer's; the first trainer rank is on node 0."""
-        first = 0 if self.placement == "colocated" else self.world_size
-        nodes = sorted({f"node {gpu // self.gpus_per_node}" for gpu in range(first, first + self.engine_gpus)})
+        for this layout; one it cannot carry (e.g. a collective that would hold a GPU twice) is
+        a LayoutError."""
         try:
-            return choose_transport(self.transport, "node 0", nodes, cuda=True)
+            return choose_transport(self.transport, self.sync_layout(), cuda=True)
         except SyncError as exc:
             raise LayoutError(str(exc)) from None
 

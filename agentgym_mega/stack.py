@@ -106,7 +106,7 @@ class Stack:
             self.engines.append(launch_remote(
                 engine_model, tp=cfg.rollout.engine_tp, dtype=cfg.rollout.dtype,
                 max_model_len=cfg.rollout.max_model_len, gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                seed=cfg.trainer.seed + i, options=self.placement.engine(i)))
+                seed=cfg.trainer.seed + i, devices=self.placement.engine_devices(i), options=self.placement.engine(i)))
         # Engines and trainer roles load at once, unless they share GPUs (vLLM sizes its KV cache
         # from the device memory it sees free while it starts) or offload orders them.
         together = not (self.offload or gpus and self.placement.colocated)

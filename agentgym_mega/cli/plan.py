@@ -44,8 +44,22 @@ def run(args) -> int:
     cfg = load_config(args.config, args.overrides)
     hf, source = memory_plan.read_architecture(cfg.model)
     result = memory_plan.plan(cfg, hf, args.gpus_per_node, args.gpu_mem_gb, args.nodes, source)
+    result["sync_groups"] = sync_groups(cfg, args.gpus_per_node)
     print(json.dumps(result, indent=2) if args.json else memory_plan.render(result))
     if not result["fits"]:
         raise BadInput(memory_plan.refusal(result["reason"], result["nearest"]))
     return 0
 
+
+def sync_groups(cfg, gpus_per_node: int) -> list[dict]:
+    """The groups the run's weight sync forms (weight_sync.topology), on the placement the plan
+    assumes; empty when its transport cannot carry the layout (the plan says why)."""
+    from agentgym_mega import weight_sync
+
+    layout = weight_sync.planned_layout(cfg.parallel.world_size, cfg.parallel.pp, cfg.rollout.num_engines,
+                                        cfg.rollout.engine_tp, cfg.cluster.placement == "colocated", gpus_per_node)
+    try:
+        transport = weight_sync.choose_transport(cfg.weight_sync.transport, layout, cuda=True)
+    except weight_sync.SyncError:
+        return []
+    return [g.as_dict() for g in weight_sync.sync_groups(transport, layout, cuda=True)]

@@ -44,6 +44,7 @@ class WeightSynchronizer(abc.ABC):
     together, each with the export of form :attr:`export` (the export is collective)."""
 
     export: ClassVar[str] = FIRST
+    groups: list[dict] = []  # the groups it formed (topology.SyncGroup.as_dict each), set by the factory
 
     @abc.abstractmethod
     def sync(self, named_tensors: Iterable[tuple[str, torch.Tensor]], engines: Sequence, version: int,

@@ -1,6 +1,10 @@
 """Weight sync over a collective: one process group per pipeline stage, joining that stage's
 sending trainer rank and every engine worker, so the bytes leaving a sender do not grow with
-the number of receivers.
+the number of receivers. Only for engines on GPUs of their own (split placement): an engine on a
+member's GPU would hold that GPU twice in one communicator, which NCCL refuses, so colocated
+engines are fed per GPU instead (topology checks the groups before any is formed). A worker
+receives the stages one after another (see CollectiveReceiver.stream), and a stage's sender
+names the members that did not join in time.
 
 Groups. Built from torch's own process-group classes (ProcessGroupGloo on CPU, ProcessGroupNCCL
 on GPU) over a torch TCPStore that the stage's sender hosts, not through torch.distributed's
@@ -90,9 +94,21 @@ def open_store(host: str, world: int, timeout_s: float) -> dist.TCPStore:
                          wait_for_workers=False)
 
 
-def _process_group(spec: GroupSpec, store, rank: int, stage: int, secret: bytes):
+def _process_group(spec: GroupSpec, store, rank: int, stage: int, secret: bytes,
+                   member_name: Callable[[int], str] = lambda rank: f"rank {rank}"):
+    """This member's process group of `stage`; the sender (rank 0) first waits for every receiver
+    to check in, so one that never comes is named instead of hanging torch's own rendezvous."""
     prefixed = dist.PrefixStore(collective_key(secret, "store", spec.id, stage) + "/", store)
     timeout = datetime.timedelta(seconds=spec.timeout_s)
+    prefixed.set(f"member/{rank}", "1")
+    if rank == 0:
+        keys = [f"member/{r}" for r in range(1, spec.world)]
+        try:
+            prefixed.wait(keys, timeout)
+        except Exception:  # noqa: BLE001 - torch's store timeout: name who is missing instead
+            missing = [member_name(r) for r in range(1, spec.world) if not prefixed.check([f"member/{r}"])]
+            raise SyncError(f"weight-sync group of stage {stage}: {', '.join(missing) or 'a member'} did not join "
+                            f"within {spec.timeout_s:.0f} s (weight_sync.timeout_s)") from None
     if spec.backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
@@ -193,11 +209,12 @@ class CollectiveSender:
     """A stage's sending trainer rank (rank 0 of its stage group). Build it with the store it
     opened (see open_store) once every receiver was told to join; construction waits for them."""
 
-    def __init__(self, spec: GroupSpec, stage: int, store, secret: str | bytes):
+    def __init__(self, spec: GroupSpec, stage: int, store, secret: str | bytes,
+                 member_name: Callable[[int], str] = lambda rank: f"rank {rank}"):
         self.spec, self.stage = spec, stage
         self._secret = secret_bytes(secret)
         self._store = store  # kept alive with the group
-        self.link = _Link(_process_group(spec, store, 0, stage, self._secret), 0, spec)
+        self.link = _Link(_process_group(spec, store, 0, stage, self._secret, member_name), 0, spec)
         device = _device(spec)
         self._buffers = [torch.empty(spec.bucket_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
 
@@ -276,22 +293,25 @@ class CollectiveReceiver:
         self._received_ok = False
 
     def stream(self, version: int, expected: dict[str, tuple[int, ...]]) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yields every (name, tensor) of `version` as soon as it is complete, stages receiving
-        at once; raises SyncError on a malformed or incomplete stream, a wrong version or commit
-        proof, or a tensor the checkpoint (`expected`: name -> shape) does not have. If the
-        consumer stops early, the stages are still drained to their COMMIT so the vote can run."""
+        """Yields every (name, tensor) of `version` as soon as it is complete, stage after stage;
+        raises SyncError on a malformed or incomplete stream, a wrong version or commit proof, or
+        a tensor the checkpoint (`expected`: name -> shape) does not have. If the consumer stops
+        early, the stages are still drained to their COMMIT so the vote can run.
+
+        One stage at a time, through one pair of buffers: NCCL promises no progress to
+        operations on different communicators in flight at once, and a worker stages two
+        buckets, not two per stage. Every member takes the stages in the same order, so a
+        later stage's sender waits, it does not deadlock."""
         self._received_ok = False
         ready: queue.Queue = queue.Queue(maxsize=64)
         abandon = threading.Event()
         seen: set[str] = set()
-        threads = [threading.Thread(target=self._receive_stage, args=(link, stage, version, expected, ready, abandon),
-                                    daemon=True, name=f"agm-collective-stage{stage}")
-                   for stage, link in enumerate(self.links)]
-        for thread in threads:
-            thread.start()
+        thread = threading.Thread(target=self._receive_stages, args=(version, expected, ready, abandon), daemon=True,
+                                  name="agm-collective-stages")
+        thread.start()
         try:
             done, error = 0, None
-            while done < len(threads):
+            while done < len(self.links):
                 kind, payload = ready.get()
                 if kind == "tensor":
                     name, tensor = payload
@@ -313,19 +333,23 @@ class CollectiveReceiver:
             self._received_ok = True
         finally:
             abandon.set()
-            while any(t.is_alive() for t in threads):  # let them drain to their COMMIT
+            while thread.is_alive():  # let it drain every stage to its COMMIT
                 try:
                     ready.get(timeout=0.05)
                 except queue.Empty:
                     pass
 
+    def _receive_stages(self, version: int, expected: dict, ready: queue.Queue, abandon: threading.Event) -> None:
+        buffers = [torch.empty(self.spec.bucket_bytes, dtype=torch.uint8, device=_device(self.spec)) for _ in range(2)]
+        for stage, link in enumerate(self.links):
+            self._receive_stage(link, stage, version, expected, ready, abandon, buffers)
+
     def _receive_stage(self, link: _Link, stage: int, version: int, expected: dict, ready: queue.Queue,
-                       abandon: threading.Event) -> None:
+                       abandon: threading.Event, buffers: list[torch.Tensor]) -> None:
         """Relays and unpacks one stage's stream. A bucket that cannot be used (a tensor the
         checkpoint lacks, a bad segment) fails the version but the stream is still relayed to
         its COMMIT, so members downstream and the vote are not left waiting."""
         device = _device(self.spec)
-        buffers = [torch.empty(self.spec.bucket_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
         in_flight: list[list] = [[], []]
         unpack = _Unpacker(expected, device)
         failure: Exception | None = None
@@ -492,6 +516,9 @@ class CollectiveWeightSynchronizer(WeightSynchronizer):
         self._spec: GroupSpec | None = None
         self._sender: CollectiveSender | None = None
 
+    def _member_name(self, rank: int) -> str:
+        return f"engine {(rank - 1) // self.workers_per_engine} worker {(rank - 1) % self.workers_per_engine}"
+
     def sync(self, named_tensors, engines: Sequence, version: int, progress=None) -> SyncStats | None:
         """Returns the stats of every stage together on global rank 0, None elsewhere; raises
         SyncError on rank 0 when any engine did not take the version (then none did)."""
@@ -515,13 +542,13 @@ class CollectiveWeightSynchronizer(WeightSynchronizer):
 
         def push() -> SyncStats:
             if self._sender is None:
-                self._sender = CollectiveSender(self._spec, self.stage, store, self._secret)
+                self._sender = CollectiveSender(self._spec, self.stage, store, self._secret, self._member_name)
             return self._sender.push(named_tensors, version, progress)
 
         spec = self._spec.as_dict()
         outcome = sync_from_ranks(
             engines, lambda i: CollectiveJoin(version, spec, 1 + i * self.workers_per_engine, self._secret),
-            push if self.stage is not None else None, named_tensors, self.group)
+            push if self.stage is not None else None, named_tensors, self.group, self.timeout_s)
         if outcome.senders_failed:
             if self._sender is not None:  # a group that failed is not reused
                 self._sender.close()

@@ -1,45 +1,58 @@
-"""CUDA IPC per GPU, for engines colocated with the trainer: each engine worker takes the weights
-from the trainer rank on its own physical GPU, paired by device UUID (indices differ from process
-to process under Ray's per-actor CUDA_VISIBLE_DEVICES; UUIDs do not).
+"""CUDA IPC per GPU, for engines colocated with the trainer, on one node or many: each engine
+worker takes the weights from the trainer rank on its own physical GPU, paired by device UUID
+(indices differ from process to process under Ray's per-actor CUDA_VISIBLE_DEVICES; UUIDs do not).
+No process group joins an engine worker, so none holds a GPU twice (topology).
 
-Every trainer rank exports the whole model (TP shards all-gathered, other stages' tensors
-broadcast: weights.export_hf(to="every")), and a rank with engine workers on its GPU streams it
-to them through a ring of CUDA IPC bucket slots on that GPU (ipc_ring: a few buckets, never a
-copy of the model), at ipc://<run directory>/<GPU UUID>.sock. The engines get
-that address with ``{uuid}`` in place of the UUID and each worker fills in its own, so a worker
-connects to the socket of its own GPU and nothing else."""
+Every trainer rank exports the whole model over megatron's own groups (TP shards all-gathered,
+other stages' tensors broadcast: weights.export_hf(to="every")), and a rank with engine workers
+on its GPU streams it to them through a ring of CUDA IPC bucket slots on that GPU (ipc_ring: a few
+buckets, never a copy of the model), at ipc://<run directory>/<GPU UUID>.sock on its node. The
+engines get that address with ``{uuid}`` in place of the UUID and each worker fills in its own,
+so a worker connects to the socket of its own GPU and nothing else. Without GPUs (tests), the
+devices are the logical ones the placement hands out and the slots are host memory."""
 
 from __future__ import annotations
 
-import collections
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
+import torch
 import torch.distributed as dist
 
-from agentgym_mega.remote import call_async
 from agentgym_mega.weight_sync.base import EVERY, SyncError, SyncStats, WeightSynchronizer
-from agentgym_mega.weight_sync.handles import device_uuid
+from agentgym_mega.weight_sync.handles import device_id
 from agentgym_mega.weight_sync.ipc_ring import CudaIpcSender
-from agentgym_mega.weight_sync.ranks import engine_ids, gather_json, sync_from_ranks
+from agentgym_mega.weight_sync.ranks import engine_devices, engine_ids, gather_json, sync_from_ranks
+from agentgym_mega.weight_sync.topology import SyncLayout, choose_transport, sync_groups
 from agentgym_mega.weight_sync.zmq_transport import UUID_FIELD, ZmqReceiver
 
 
-def pair_by_gpu(trainer_gpus: Sequence[str], worker_gpus: Sequence[str]) -> list[int]:
-    """How many engine workers each trainer rank feeds: those on its own GPU (the lowest rank,
-    should two ranks share a GPU). A worker on a GPU that no trainer rank uses cannot be fed
-    through CUDA IPC: a SyncError names it."""
-    first_rank = {}
-    for rank, gpu in enumerate(trainer_gpus):
-        first_rank.setdefault(gpu, rank)
-    stranded = sorted(set(worker_gpus) - set(first_rank))
-    if stranded:
-        raise SyncError(f"weight_sync.transport=cuda_ipc: engine workers on GPU(s) {', '.join(stranded)} share no "
-                        "GPU with a trainer rank; CUDA IPC pairs each worker with the trainer rank on its own GPU: "
-                        "use weight_sync.transport=collective")
-    counts = collections.Counter(first_rank[gpu] for gpu in worker_gpus)
-    return [counts.get(rank, 0) for rank in range(len(trainer_gpus))]
+def feeds(trainer: Sequence[str], workers: Sequence[str], workers_per_engine: int, cuda: bool) -> list[int]:
+    """How many engine workers each trainer rank feeds (by device: a GPU's UUID, or a logical
+    device): those on its own GPU, from the lowest rank should two ranks share one. A worker on a
+    GPU no trainer rank uses cannot be fed through CUDA IPC: a SyncError names it."""
+    missing = [f"trainer rank {r}" for r, d in enumerate(trainer) if d is None] + \
+        [f"engine worker {w}" for w, d in enumerate(workers) if d is None]
+    if missing:
+        raise SyncError(f"CUDA IPC pairs processes by device, but {', '.join(missing)} has none (no GPU, and no "
+                        "logical device from a placement): use weight_sync.transport=ipc or collective")
+    layout = SyncLayout.of(trainer, workers, workers_per_engine, pp=1)
+    choose_transport("cuda_ipc", layout, cuda)
+    counts = [0] * len(trainer)
+    for group in sync_groups("cuda_ipc", layout, cuda):
+        counts[layout.trainer.index(group.members[0])] = len(group.members) - 1
+    return counts
+
+
+def ensure_directory(directory: str) -> None:
+    """The per-GPU sockets' directory on this rank's node: rank 0 made it on its own; on another
+    node the first rank to bind there does, 0700 as socket_directory's. One that exists must be
+    this user's and closed to others (sockets bound in it accept connections from its users)."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise SyncError(f"the CUDA IPC socket directory {directory} belongs to another user or is open to "
+                        "others; refusing to bind weight sockets in it")
 
 
 class CudaIpcWeightSynchronizer(WeightSynchronizer):
@@ -55,32 +68,33 @@ class CudaIpcWeightSynchronizer(WeightSynchronizer):
         self._paired_for: tuple | None = None  # the engines the pairing was made for
         self._receivers = 0  # engine workers on this rank's GPU
         self._sender: CudaIpcSender | None = None
+        self._cuda = torch.cuda.is_available()
 
     @property
     def template(self) -> str:
         return f"ipc://{os.path.join(self.directory, UUID_FIELD)}.sock"
 
     def _pair(self, engines: Sequence) -> None:
-        """Every rank's GPU, every engine worker's (asked by rank 0), and this rank's share."""
-        gpus = gather_json(device_uuid(None), self.group)
-        workers, error = None, None
+        """Every rank's device, every engine worker's (asked by rank 0), and this rank's share."""
+        gpus = gather_json(device_id(), self.group)
+        devices, error = None, None
         if dist.get_rank(self.group) == 0:
             try:
-                with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
-                    waits = [call_async(pool, e, "device_uuids") for e in engines]
-                    workers = [u for wait in waits for u in wait()]
-                pair_by_gpu(gpus, workers)
+                devices = engine_devices(engines, self.timeout_s)
+                feeds(gpus, [d for each in devices for d in each], len(devices[0]) if devices else 1, self._cuda)
             except Exception as exc:  # noqa: BLE001 - raised on every rank below
                 error = f"{type(exc).__name__}: {exc}"
-        workers, error = gather_json((workers, error), self.group)[0]
+        devices, error = gather_json((devices, error), self.group)[0]
         if error is not None:
             raise SyncError(f"CUDA IPC pairing failed: {error}")
-        self._receivers = pair_by_gpu(gpus, workers)[dist.get_rank(self.group)]
+        workers = [d for each in devices for d in each]
+        self._receivers = feeds(gpus, workers, len(devices[0]) if devices else 1, self._cuda)[dist.get_rank(self.group)]
         if self._sender is not None:
             self._sender.close()
             self._sender = None
         if self._receivers:
-            address = self.template.replace(UUID_FIELD, device_uuid(None))
+            ensure_directory(self.directory)
+            address = self.template.replace(UUID_FIELD, device_id())
             self._sender = CudaIpcSender(address, bucket_bytes=self.bucket_bytes, timeout_s=self.timeout_s,
                                          secret=self._secret)
         self._paired_for = engine_ids(engines)
@@ -96,7 +110,7 @@ class CudaIpcWeightSynchronizer(WeightSynchronizer):
 
         receiver = ZmqReceiver(version, self.template, self.timeout_s, self._secret)
         outcome = sync_from_ranks(engines, lambda i: receiver, push if self._receivers else None, named_tensors,
-                                  self.group)
+                                  self.group, self.timeout_s)
         if dist.get_rank(self.group) != 0:
             return None
         if outcome.errors:

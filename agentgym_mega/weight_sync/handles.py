@@ -14,6 +14,7 @@ from torch.multiprocessing.reductions import rebuild_cuda_tensor, rebuild_tensor
 
 from agentgym_mega.weight_sync.base import SyncError
 from agentgym_mega.weight_sync.buckets import TensorSpec
+from agentgym_mega.weight_sync.topology import logical_device
 
 
 def _storage_from_bytes(data: bytes):
@@ -53,6 +54,12 @@ def device_uuid(index: int | None) -> str:
     """The physical identity of a CUDA device of this process (its index depends on the process's
     CUDA_VISIBLE_DEVICES; the UUID does not)."""
     return str(torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index).uuid)
+
+
+def device_id(worker: int = 0) -> str | None:
+    """This process's device as weight sync pairs it (see topology): its current GPU's UUID, else
+    the logical device its placement gave it (`worker`: its rank within an engine), else None."""
+    return device_uuid(None) if torch.cuda.is_available() else logical_device(worker)
 
 
 _STORAGE_DEVICE = 6  # rebuild_cuda_tensor's argument naming the sender's device index

@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from agentgym_mega.weight_sync.base import Receiver, SyncError
 from agentgym_mega.weight_sync.factory import receiver_of
-from agentgym_mega.weight_sync.handles import device_uuid
+from agentgym_mega.weight_sync.handles import device_id
 
 # vllm is imported where used: it is heavy, and tools and tests read checkpoint_shapes without it.
 
@@ -125,4 +125,4 @@ class VLLMWeightLoader:
         return error or SyncError("another member of the group did not take the version; previous weights restored")
 
     def agm_device_uuid(self) -> str | None:
-        return device_uuid(None) if torch.cuda.is_available() else None
+        return device_id(self.rank)

@@ -40,11 +40,12 @@ from typing import Sequence
 
 from agentgym_mega.remote import call_async
 from agentgym_mega.weight_sync.base import FIRST, Incoming, Receiver, SyncError, SyncStats, WeightSynchronizer
-from agentgym_mega.weight_sync.handles import device_uuid
+from agentgym_mega.weight_sync.handles import device_id
+from agentgym_mega.weight_sync.ranks import await_answer, engine_name
 from agentgym_mega.weight_sync.zmq_receiver import ZmqWeightReceiver
 from agentgym_mega.weight_sync.zmq_sender import ZmqWeightSender
 
-UUID_FIELD = "{uuid}"  # in a receiver's address: each worker's own GPU (CUDA IPC's socket per GPU)
+UUID_FIELD = "{uuid}"  # in a receiver's address: each worker's own device (CUDA IPC's socket per GPU)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,11 @@ class ZmqReceiver(Receiver):
     def open(self, worker_rank: int, state: dict) -> Incoming:
         address = self.address
         if UUID_FIELD in address:  # CUDA IPC per GPU: the trainer rank on this worker's own GPU
-            address = address.replace(UUID_FIELD, device_uuid(None))
+            device = device_id(worker_rank)
+            if device is None:
+                raise SyncError("a per-GPU weight feed, but this engine worker has no GPU and no logical device "
+                                "(cluster.Placement gives one to every process on a cluster without GPUs)")
+            address = address.replace(UUID_FIELD, device)
         # Refuses tcp:// without a secret, and CUDA IPC handles anywhere but over ipc://.
         return _Pull(ZmqWeightReceiver(address, self.timeout_s, secret=self.secret), self.version)
 
@@ -113,9 +118,9 @@ class ZmqWeightSynchronizer(WeightSynchronizer):
                 stats = self.sender.push(named_tensors, version, len(engines) * self.workers_per_engine, progress)
             finally:
                 errors = []
-                for wait in waits:
+                for i, wait in enumerate(waits):
                     try:
-                        wait()
+                        await_answer(wait, self.timeout_s, engine_name(engines[i], i), "receive_weights")
                     except Exception as exc:  # each engine reports its own failure
                         errors.append(f"{type(exc).__name__}: {exc}")
             if errors:

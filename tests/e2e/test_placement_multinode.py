@@ -1,7 +1,8 @@
 """Placement on a simulated cluster (ray.cluster_utils.Cluster: raylets on this machine): two nodes
 of 4 logical GPUs, where every trainer TP group and every engine's TP workers land on one node, and
-the weight sync's `auto` transport is collective exactly when an engine worker is on another node
-than trainer rank 0; and a CPU node offering `env_node`, the only place env servers go once
+the weight sync's `auto` transport, read from the logical devices the placement gives each
+process, feeds colocated engines per GPU once they span nodes (rank 0's ZMQ stream within one
+node), with no group holding a GPU twice; and a CPU node offering `env_node`, the only place env servers go once
 cluster.env_resource names it."""
 
 import pytest
@@ -9,7 +10,7 @@ import ray
 
 from agentgym_mega.cluster import Placement, PlacementError
 from agentgym_mega.config import load_config
-from agentgym_mega.weight_sync import choose_transport
+from agentgym_mega.weight_sync import SyncLayout, choose_transport, sync_groups
 from tests.e2e.test_placement import Probe
 
 pytestmark = pytest.mark.slow  # two raylets and a dozen actor processes: about a minute on 2 cores
@@ -43,8 +44,11 @@ def nodes_of(options: list[dict]) -> list[str]:
             ray.kill(proc)
 
 
-def transport(placement: Placement, trainer_node: str) -> str:
-    return choose_transport("auto", trainer_node, placement.engine_worker_nodes(), cuda=False)
+def transport(placement: Placement, pp: int = 1) -> str:
+    layout = SyncLayout.of(placement.trainer_devices, placement.worker_devices, placement.engine_tp, pp)
+    chosen = choose_transport("auto", layout, cuda=False)
+    assert all(not g.shared_devices() for g in sync_groups(chosen, layout, cuda=False) if g.backend == "gloo")
+    return chosen
 
 
 def test_tp_groups_and_engine_workers_stay_within_a_node(two_nodes):
@@ -58,7 +62,10 @@ def test_tp_groups_and_engine_workers_stay_within_a_node(two_nodes):
             assert len(set(workers)) == 1, engine
         # the engines' probe (its first bundle) is where its workers are
         assert nodes_of([placement.engine(e) for e in range(4)]) == placement.engine_worker_nodes()[::2]
-        assert transport(placement, ranks[0]) == "collective"
+        # logical devices follow the nodes the ranks really landed on, and a worker shares its rank's
+        assert [int(d.split(":")[0]) for d in placement.trainer_devices] == [0] * 4 + [1] * 4
+        assert placement.worker_devices == placement.trainer_devices
+        assert transport(placement) == "cuda_ipc"
     finally:
         placement.remove()
 
@@ -68,7 +75,7 @@ def test_a_run_within_one_node_syncs_over_ipc(two_nodes):
     try:
         ranks = nodes_of([placement.trainer(r) for r in range(4)])
         assert len(set(ranks)) == 1
-        assert transport(placement, ranks[0]) == "ipc"
+        assert transport(placement) == "ipc"
     finally:
         placement.remove()
 

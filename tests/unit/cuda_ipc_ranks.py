@@ -42,7 +42,7 @@ def job(rank: int, rendezvous: dict, directory: str, gpus: list[str] | None, eng
         results) -> None:
     """`gpus`: each rank's fake GPU UUID; None: one rank on the real GPU 0, feeding one engine
     worker there from CUDA tensors (tests/gpu)."""
-    from agentgym_mega.weight_sync import cuda_ipc
+    from agentgym_mega.weight_sync import DEVICES_ENV, cuda_ipc
 
     os.environ.update(rendezvous)
     dist.init_process_group("gloo", rank=rank, world_size=len(gpus) if gpus else 1)
@@ -52,7 +52,7 @@ def job(rank: int, rendezvous: dict, directory: str, gpus: list[str] | None, eng
         gpus = engine_gpus = [cuda_ipc.device_uuid(None)]
         model = [(n, t.cuda()) for n, t in MODEL]
     else:
-        cuda_ipc.device_uuid = lambda index: gpus[rank]  # this rank's (fake) GPU
+        os.environ[DEVICES_ENV] = gpus[rank]  # this rank's (fake) GPU, as a placement gives it without GPUs
     engines = [Engine(gpu) for gpu in engine_gpus]
     synchronizer = cuda_ipc.CudaIpcWeightSynchronizer(directory, SECRET, bucket_bytes=64, timeout_s=20.0)
     try:

@@ -9,7 +9,7 @@ import pytest
 
 from agentgym_mega.network import host_rendezvous
 from agentgym_mega.weight_sync import SyncError
-from agentgym_mega.weight_sync.cuda_ipc import pair_by_gpu
+from agentgym_mega.weight_sync.cuda_ipc import feeds
 from tests.unit import cuda_ipc_ranks
 
 
@@ -20,12 +20,22 @@ from tests.unit import cuda_ipc_ranks
     (["G0", "G1"], [], [0, 0]),
 ])
 def test_each_worker_is_fed_by_the_rank_on_its_gpu(trainer, workers, expected):
-    assert pair_by_gpu(trainer, workers) == expected
+    assert feeds(trainer, workers, 1, cuda=True) == expected
+
+
+def test_logical_devices_pair_across_nodes():
+    # two nodes of two GPUs, colocated: each rank feeds the engine worker on its own GPU, on either node
+    assert feeds(["0:0", "0:1", "1:0", "1:1"], ["1:1", "0:0"], 1, cuda=False) == [1, 0, 0, 1]
 
 
 def test_a_worker_on_a_gpu_without_a_trainer_rank_is_named():
-    with pytest.raises(SyncError, match="engine workers on GPU\\(s\\) G7 share no GPU with a trainer rank"):
-        pair_by_gpu(["G0", "G1"], ["G1", "G7"])
+    with pytest.raises(SyncError, match="engine 1 worker 0 share\\(s\\) no GPU with a trainer rank"):
+        feeds(["G0", "G1"], ["G1", "G7"], 1, cuda=True)
+
+
+def test_a_process_without_a_device_is_named():
+    with pytest.raises(SyncError, match="engine worker 0 has none"):
+        feeds(["G0"], [None], 1, cuda=False)
 
 
 def run(gpus, engine_gpus):
@@ -60,5 +70,5 @@ def test_two_ranks_each_feed_the_engine_on_their_own_gpu():
 
 def test_a_worker_without_a_trainer_rank_on_its_gpu_fails_the_sync_on_every_rank():
     out = run(["GPU-a", "GPU-b"], ["GPU-c"])
-    assert all(status == "error" and "share no GPU with a trainer rank" in stats
+    assert all(status == "error" and "no GPU with a trainer rank" in stats
                for status, stats, _, _ in out.values()), out

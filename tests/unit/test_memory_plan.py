@@ -216,7 +216,7 @@ def test_the_plan_resolves_the_transport_by_the_trainers_own_rule():
     # weight_sync.choose_transport decides for the planner as for the trainer ranks: a transport
     # the trainer would refuse for engines on another node is refused here, in its words.
     seven_b = os.path.join(REPO, "configs", "recipes", "babyai_qwen2.5-7b.yaml")
-    with pytest.raises(BadInput, match="weight_sync.transport=ipc reaches engines on the trainer's node"):
+    with pytest.raises(BadInput, match="weight_sync.transport=ipc reaches engines on trainer rank 0's node only"):
         plan_of(seven_b, ["cluster.placement=split", "rollout.num_engines=4", "weight_sync.transport=ipc"])
     one_node = plan_of(seven_b, ["cluster.placement=split", "rollout.num_engines=1", "parallel.world_size=4",
                                  "weight_sync.transport=ipc"])

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from agentgym_mega.weight_sync import SyncError, choose_transport
+from agentgym_mega.weight_sync import SyncError
 from agentgym_mega.weight_sync.buckets import Segment, pack
 from agentgym_mega.weight_sync.handles import rewrite_device
 from agentgym_mega.weight_sync.ipc_ring import RING_SLOTS, CudaIpcSender
@@ -151,19 +151,6 @@ def test_a_malformed_stream_is_a_sync_error(frames, error):
         _raw_stream([frames])
 
 
-@pytest.mark.parametrize("transport,engines,cuda,expected", [
-    ("auto", ["node-a"], False, "ipc"),
-    ("auto", ["node-a", "node-a"], True, "cuda_ipc"),
-    ("auto", ["node-a", "node-b"], True, "collective"),
-    ("auto", ["node-b"], False, "collective"),
-    ("tcp", ["node-a", "node-b"], False, "tcp"),
-    ("collective", ["node-a"], False, "collective"),
-    ("ipc", ["node-a"], True, "ipc"),
-])
-def test_the_transport_follows_where_the_engines_run(transport, engines, cuda, expected):
-    assert choose_transport(transport, "node-a", engines, cuda) == expected
-
-
 @pytest.mark.parametrize("transport,expected", [("ipc", "ipc://"), ("tcp", "tcp://10.0.0.1:0")])
 def test_the_zmq_endpoint_of_each_transport(transport, expected):
     address = endpoint(transport, "10.0.0.1")
@@ -173,19 +160,6 @@ def test_the_zmq_endpoint_of_each_transport(transport, expected):
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
         os.rmdir(directory)
 
-
-@pytest.mark.parametrize("transport,cuda,error", [
-    ("ipc", False, "engines on the trainer's node \\(node-a\\) only, but engine workers run on node-b"),
-    ("cuda_ipc", True, "but engine workers run on node-b"),
-])
-def test_a_node_local_transport_for_remote_engines_is_refused(transport, cuda, error):
-    with pytest.raises(SyncError, match=error):
-        choose_transport(transport, "node-a", ["node-a", "node-b"], cuda)
-
-
-def test_cuda_ipc_without_gpus_is_refused():
-    with pytest.raises(SyncError, match="needs GPUs"):
-        choose_transport("cuda_ipc", "node-a", ["node-a"], cuda=False)
 
 
 def test_a_whole_sync_travels_over_tcp():

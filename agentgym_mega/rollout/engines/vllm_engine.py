@@ -22,6 +22,7 @@ import threading
 from agentgym_mega import platform
 from agentgym_mega.network import reachable_ip
 from agentgym_mega.rollout.engines.base import Generation, InferenceEngine, SamplingConfig
+from agentgym_mega.weight_sync import DEVICES_ENV
 from agentgym_mega.weight_sync.base import Receiver, SyncError
 
 # vllm (heavy) and ray (an engine also runs in-process, without Ray) are imported where used.
@@ -44,8 +45,13 @@ class VLLMEngine(InferenceEngine):
         max_model_len: int = 4096,
         gpu_memory_utilization: float = 0.6,
         seed: int = 0,
+        devices: list[str] | None = None,
     ):
+        """`devices`: each worker's logical device on a cluster without GPUs (cluster.Placement),
+        which weight sync pairs it by; the workers inherit this process's environment."""
         platform.vllm_environment()
+        if devices:
+            os.environ[DEVICES_ENV] = ",".join(devices)
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         self._gpu = platform.has_cuda()
