@@ -370,13 +370,13 @@ class ClusterConfig:
 
 @section
 class WeightSyncConfig:
-    """How the actor's weights reach the engines after each step. `auto`: `cuda_ipc` on the trainer's
-    GPU node (each engine worker maps buckets of the rank on its own GPU), `ipc` on one CPU node, else
-    `collective` (a process group per pipeline stage, NCCL or gloo: a sender's bytes do not grow with
-    the engines); `ipc` / `tcp`: every engine worker pulls the whole model from rank 0 over ZMQ."""
+    """How the actor's weights reach the engines after each step. `auto`: `cuda_ipc` for colocated
+    engines on GPUs, any number of nodes (each engine worker maps buckets of the rank on its own GPU),
+    `ipc` on one CPU node, else `collective` (a process group per pipeline stage, NCCL or gloo, for
+    engines on GPUs of their own); `ipc` / `tcp`: every engine worker pulls the model from rank 0."""
 
     transport: Literal["auto", "ipc", "tcp", "cuda_ipc", "collective"] = "auto"
-    """How weights travel (see the section); a node-local transport with remote engines is refused."""
+    """How weights travel (see the section); one the layout cannot carry is refused, naming why."""
     bucket_mb: StrictInt = 256
     """One bucket of weights: one ZMQ message; a collective member's two buffers, a CUDA IPC ring's 3 slots."""
     timeout_s: float = 600.0

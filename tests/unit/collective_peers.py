@@ -40,7 +40,11 @@ def send(spec_dict: dict, stage: int, version: int, results, fail_after: int | N
 
     spec = GroupSpec.of(spec_dict)
     _place(spec, 0)
-    sender = CollectiveSender(spec, stage, _client(spec.stores[stage][1], spec.world, spec.timeout_s), secret)
+    try:
+        sender = CollectiveSender(spec, stage, _client(spec.stores[stage][1], spec.world, spec.timeout_s), secret)
+    except Exception as exc:  # noqa: BLE001 - reported to the test (a member that never joined)
+        results.put(("sender", stage, "error", f"{type(exc).__name__}: {exc}"))
+        return
     tensors = model(stage)
 
     def source():
@@ -61,17 +65,25 @@ def send(spec_dict: dict, stage: int, version: int, results, fail_after: int | N
 
 
 def receive(spec_dict: dict, rank: int, version: int, results, stages: int = 1, die_after: int | None = None,
-            reject: bool = False, expect: int | None = None, secret: str = SECRET) -> None:
+            reject: bool = False, expect: int | None = None, secret: str = SECRET, absent: bool = False) -> None:
     """Receives a version, 'loads' it (checks bytes against model()), votes; `die_after`: exit
     abruptly after that many tensors; `reject`: the load fails (as a vLLM loader error would);
-    `expect`: the version this receiver was told to expect, if not `version`."""
+    `expect`: the version this receiver was told to expect, if not `version`; `absent`: never
+    joins (an engine that hangs before its first sync)."""
     from agentgym_mega.weight_sync.collective import CollectiveReceiver, GroupSpec
 
+    if absent:
+        results.put(("receiver", rank, "absent", None))
+        return
     spec = GroupSpec.of(spec_dict)
     _place(spec, rank)
-    receiver = CollectiveReceiver(spec, rank, secret)
+    try:
+        receiver = CollectiveReceiver(spec, rank, secret)
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        results.put(("receiver", rank, "error", f"{type(exc).__name__}: {exc}"))
+        return
     reference = {name: t for s in range(stages) for name, t in model(s)}
-    got, loaded, error = {}, False, None
+    got, loaded, error = {}, False, None  # got: arrival order
     stream = receiver.stream(version if expect is None else expect, shapes(stages))
     try:
         for name, tensor in stream:
@@ -88,4 +100,4 @@ def receive(spec_dict: dict, rank: int, version: int, results, stages: int = 1, 
         stream.close()
     committed = receiver.vote(loaded)
     results.put(("receiver", rank, "ok" if committed else "rolled back",
-                 {"equal": all(got.values()) and len(got) == len(reference), "error": error}))
+                 {"equal": all(got.values()) and len(got) == len(reference), "error": error, "order": list(got)}))

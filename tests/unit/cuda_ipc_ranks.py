@@ -42,14 +42,14 @@ def job(rank: int, rendezvous: dict, directory: str, gpus: list[str] | None, eng
         results) -> None:
     """`gpus`: each rank's fake GPU UUID; None: one rank on the real GPU 0, feeding one engine
     worker there from CUDA tensors (tests/gpu)."""
-    from agentgym_mega.weight_sync import DEVICES_ENV, cuda_ipc
+    from agentgym_mega.weight_sync import DEVICES_ENV, cuda_ipc, handles
 
     os.environ.update(rendezvous)
     dist.init_process_group("gloo", rank=rank, world_size=len(gpus) if gpus else 1)
     model = MODEL
     if gpus is None:
         torch.cuda.set_device(0)
-        gpus = engine_gpus = [cuda_ipc.device_uuid(None)]
+        gpus = engine_gpus = [handles.device_uuid(None)]
         model = [(n, t.cuda()) for n, t in MODEL]
     else:
         os.environ[DEVICES_ENV] = gpus[rank]  # this rank's (fake) GPU, as a placement gives it without GPUs

@@ -22,12 +22,13 @@ PROMPT_S = 90.0
 
 
 def run(receivers: int, *, stages: int = 1, algorithm: str = "chain", bucket_bytes: int = 8192, version: int = 5,
-        sender_kw: dict | None = None, receiver_kw: dict | None = None, backend: str = "gloo"):
+        sender_kw: dict | None = None, receiver_kw: dict | None = None, backend: str = "gloo",
+        timeout_s: float = TIMEOUT_S):
     """Runs one sync: one sender per stage, `receivers` receivers; returns results by member."""
     stores = [dist.TCPStore("127.0.0.1", 0, 1 + receivers, is_master=True, wait_for_workers=False,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S)) for _ in range(stages)]
+                            timeout=datetime.timedelta(seconds=timeout_s)) for _ in range(stages)]
     spec = GroupSpec(new_group_id(), tuple(("127.0.0.1", s.port) for s in stores), 1 + receivers, backend,
-                     algorithm, bucket_bytes, TIMEOUT_S).as_dict()
+                     algorithm, bucket_bytes, timeout_s).as_dict()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [ctx.Process(target=peers.send, args=(spec, s, version, results), kwargs=sender_kw or {})
@@ -59,7 +60,8 @@ def test_every_receiver_gets_every_byte(algorithm):
     out, _ = run(3, algorithm=algorithm)
     assert out[("sender", 0)][0] == "ok", out
     for rank in (1, 2, 3):
-        assert out[("receiver", rank)] == ("ok", {"equal": True, "error": None}), out
+        status, info = out[("receiver", rank)]
+        assert status == "ok" and info["equal"] and info["error"] is None, out
 
 
 def test_chain_sender_sends_the_model_once_whatever_the_receivers():
@@ -75,10 +77,23 @@ def test_chain_sender_sends_the_model_once_whatever_the_receivers():
     assert sent[4] <= 1.1 * sent[1], sent
 
 
-def test_stages_send_at_once_into_the_same_receivers():
+def test_stages_send_at_once_and_each_receiver_takes_them_in_order():
     out, _ = run(2, stages=2)
     assert out[("sender", 0)][0] == out[("sender", 1)][0] == "ok", out
-    assert out[("receiver", 1)] == out[("receiver", 2)] == ("ok", {"equal": True, "error": None}), out
+    for rank in (1, 2):
+        status, info = out[("receiver", rank)]
+        assert status == "ok" and info["equal"] and info["error"] is None, out
+        # one stage at a time (NCCL promises no progress to two communicators at once): every
+        # tensor of stage 0 before any of stage 1, whichever sender was faster
+        stages = [int(name.split(".")[0].removeprefix("stage")) for name in info["order"]]
+        assert stages == sorted(stages) and set(stages) == {0, 1}, info["order"]
+
+
+def test_a_member_that_never_joins_is_named_by_the_sender():
+    out, seconds = run(2, receiver_kw={2: {"absent": True}}, timeout_s=10.0)
+    status, error = out[("sender", 0)]
+    assert status == "error" and "weight-sync group of stage 0: rank 2 did not join within 10 s" in error, out
+    assert seconds < PROMPT_S
 
 
 def test_a_receiver_that_refuses_rolls_every_member_back():
