@@ -1,5 +1,6 @@
 """`agentgym-mega plan`: exact per-rank parameter counts, published model sizes, refusals with
-nearest layouts that fit, every shipped recipe fitting on 8 x 80 GB nodes, and the CLI."""
+nearest layouts that fit, every shipped recipe fitting on 8 x 80 GB nodes, the GPU reserves and
+host memory per node, and the CLI."""
 
 import glob
 import json
@@ -11,6 +12,7 @@ import yaml
 
 from agentgym_mega import memory_formulas as mf
 from agentgym_mega import memory_plan as mp
+from agentgym_mega import memory_reserves as mr
 from agentgym_mega.cli import main
 from agentgym_mega.config import ConfigError, load_config
 from agentgym_mega.errors import BadInput
@@ -88,7 +90,7 @@ def test_trainer_state_bytes():
 
 def test_activation_and_logit_formulas_by_hand():
     a = mf.Arch.of(SMALL)
-    # 4h replicated + (2q + 2kv + 3f) split = 512 + (256 + 128 + 768)
+    # 4h replicated + (2q + 2kv + 3f) split = 512 + (256 + 128 + 768), fused SwiGLU
     assert mf.layer_activation_elements(a, 1, False) == 512 + 1152
     assert mf.layer_activation_elements(a, 2, False) == 512 + 1152 / 2
     assert mf.layer_activation_elements(a, 2, True) == (512 + 1152) / 2
@@ -114,9 +116,11 @@ def test_parameter_totals_match_the_published_sizes(name, published):
 @pytest.mark.parametrize("path", RECIPES, ids=os.path.basename)
 def test_every_recipe_fits_on_8x80gb_nodes(path):
     cfg = load_config(path)
-    result = plan_of(path, gpus_per_node=8, gpu_mem_gb=80)
+    result = plan_of(path, gpus_per_node=8, gpu_mem_gib=mr.DEFAULT_GPU_GIB)
     assert result["fits"], result["reason"]
-    assert result["peak_bytes"] <= result["gpu"]["usable_bytes"]
+    assert all(max(g["phases"].values()) <= g["usable_bytes"] for g in result["gpus"])
+    assert min(result["reserves_gb"].values()) > 0  # every reserve counted on a GPU plan
+    assert 0 < result["host_gb_per_node"] <= mr.DEFAULT_HOST_GB
     nodes = result["gpu"]["nodes"]
     assert cfg.parallel.world_size == nodes * 8  # every recipe fills its nodes
     with open(path) as f:
@@ -178,11 +182,12 @@ def test_offload_and_placement_change_the_phases():
     seven_b = os.path.join(REPO, "configs", "recipes", "babyai_qwen2.5-7b.yaml")
     on = plan_of(seven_b)["gpus"][0]["phases"]
     off = plan_of(seven_b, ["cluster.offload=false"])["gpus"][0]["phases"]
-    assert on["rollout"] == int(0.5 * 80e9)  # the trainer holds nothing while engines generate
+    claim = int(0.5 * round(mr.DEFAULT_GPU_GIB * mr.GIB))  # vLLM's share of the card's capacity
+    assert on["rollout"] == claim  # the trainer holds nothing while engines generate
     assert off["rollout"] > on["rollout"] and off["training"] == on["training"]
     # with offload the engines sleep while the roles load (stack.Stack), so start-up is the
     # roles' state on top of the engines' overhead, not on top of their whole share
-    assert off["startup"] - on["startup"] == int(0.5 * 80e9) - mf.ENGINE_OVERHEAD
+    assert off["startup"] - on["startup"] == claim - mf.ENGINE_OVERHEAD
     split = plan_of(seven_b, ["cluster.placement=split", "rollout.num_engines=4"])
     assert split["gpu"]["gpus"] == 12 and split["gpu"]["nodes"] == 2
     assert [g["name"] for g in split["gpus"]] == ["every trainer GPU", "engine GPUs"]
@@ -244,8 +249,10 @@ def test_cli_refuses_with_exit_2_and_the_nearest_layouts():
 
 
 def test_cli_bad_values_exit_2():
-    result = run_cli("plan", "--config", RECIPE_72B, "--gpu-mem-gb", "0")
-    assert result.returncode == 2 and "not a number of GB > 0" in result.stderr
+    result = run_cli("plan", "--config", RECIPE_72B, "--gpu-mem-gib", "0")
+    assert result.returncode == 2 and "not a number of GiB > 0" in result.stderr
+    result = run_cli("plan", "--config", RECIPE_72B, "--fragmentation-reserve", "1")
+    assert result.returncode == 2 and "not a fraction in (0, 1)" in result.stderr
 
 
 def test_cli_json(capsys):
@@ -257,7 +264,15 @@ def test_cli_json(capsys):
     assert set(gpu["roles"]["actor"]) == {"params", "grads", "optimizer", "activations", "logprob_peak"}
     assert set(gpu["roles"]["engine"]) == {"weights", "kv_cache", "overhead"}
     assert {"kv_bytes_per_token", "kv_tokens", "claim"} <= set(out["engine"])
-    assert out["layout"]["micro_batch_tokens"] == 16384
+    assert out["layout"]["micro_batch_tokens"] == 16384 and out["layout"]["fused"] is True
+    assert set(out["reserves_gb"]) == {"cuda_context", "nccl", "fragmentation"}
+    assert min(out["reserves_gb"].values()) > 0
+    assert set(gpu["reserves"]) == set(out["reserves_gb"])
+    assert gpu["usable_bytes"] == out["gpu"]["mem_bytes"] - sum(gpu["reserves"].values())
+    assert isinstance(out["host_gb_per_node"], float) and out["host_gb_per_node"] > 0
+    host = out["host"]
+    assert set(host["breakdown_bytes"]) == {"sleep_backing", "trainer_offload", "rollback_snapshots", "sync_staging"}
+    assert out["host_gb_per_node"] * 1e9 == pytest.approx(sum(host["breakdown_bytes"].values()), abs=1)
 
 
 def test_cli_tables(capsys):
