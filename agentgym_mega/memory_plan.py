@@ -324,9 +324,9 @@ def plan_layout(a: Arch, lay: Layout) -> dict:
     reason = _misfit(lay, engine, gpus, host)
     return {
         "model": {"architecture": a.name, "params": total_params(a)},
-        "gpu": {"mem_gib": lay.gpu_bytes / mr.GIB, "mem_bytes": lay.gpu_bytes, "usable_bytes": tightest["usable_bytes"],
-                "fragmentation_reserve": lay.fragmentation, "per_node": lay.gpus_per_node, "nodes": lay.nodes_used,
-                "gpus": lay.gpus_needed},
+        "gpu": {"mem_gib": round(lay.gpu_bytes / mr.GIB, 4), "mem_bytes": lay.gpu_bytes,
+                "usable_bytes": tightest["usable_bytes"], "fragmentation_reserve": lay.fragmentation,
+                "per_node": lay.gpus_per_node, "nodes": lay.nodes_used, "gpus": lay.gpus_needed},
         "layout": {"placement": lay.placement, "offload": lay.offload, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
                    "world_size": lay.world_size, "sequence_parallel": lay.sequence_parallel,
                    "recompute": lay.recompute, "fused": lay.fused, "engine_tp": lay.engine_tp,
