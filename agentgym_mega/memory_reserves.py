@@ -91,7 +91,7 @@ def engine_communicators(engine_tp: int, transport: str, pp: int) -> dict[str, i
     GroupCoordinator keeps a torch NCCL group and a PyNcclCommunicator over the same ranks), and
     over the collective one weight-sync group per pipeline stage (each stage's sender and every
     engine worker)."""
-    groups = {"engine_tp": 2 * (engine_tp > 1), "weight_sync": pp if transport == "collective" else 0}
+    groups = {"tp": 2 * (engine_tp > 1), "weight_sync": pp if transport == "collective" else 0}
     return {name: n for name, n in groups.items() if n}
 
 

@@ -317,7 +317,7 @@ def test_nccl_communicators_by_hand():
     assert sum(mr.trainer_communicators(2, 2, 2).values()) == 8
     assert mr.trainer_communicators(4, 1, 2) == {"world": 1, "tp": 1, "dp_cp": 1, "dp": 1, "model_parallel": 1}
     assert mr.trainer_communicators(1, 1, 1) == {}  # one rank: no communicator at all
-    assert mr.engine_communicators(8, "collective", 4) == {"engine_tp": 2, "weight_sync": 4}
+    assert mr.engine_communicators(8, "collective", 4) == {"tp": 2, "weight_sync": 4}
     assert mr.engine_communicators(1, "cuda_ipc", 4) == {}
     assert mr.NCCL_COMMUNICATOR == 4 * 2**20 * 32 * 2  # NCCL_BUFFSIZE x channels x ring connections
     assert mr.gpu_reserves(80 * 2**30, processes=2, communicators=12, fragmentation=0.05) == {
