@@ -8,7 +8,7 @@ CUDA reports it) less the reserves of :mod:`agentgym_mega.memory_reserves`: a CU
 process on it (a trainer rank, which hosts every role, and a colocated engine worker), the buffers
 of the NCCL communicators those processes hold, and a fraction for allocator fragmentation. These
 replace the 5% of a decimal 80 GB that the plan used to keep back as one lump: that lump sat on a
-capacity 5.5 GB short of the card's (79.11 GiB = 84.9 GB) and stayed the same however many
+capacity 4.9 GB short of the card's (79.11 GiB = 84.9 GB) and stayed the same however many
 processes and communicators shared the GPU.
 Each node's host memory (sleep backing, offloaded trainer state, rollback snapshots, sync staging)
 is planned against ``host_mem_gb`` the same way.
