@@ -23,11 +23,20 @@ hold no more than the first, so the first and the last are planned.
   re-derived for these models (SwiGLU, GQA, RMSNorm, no dropout) and for the fused attention
   megatron uses on GPU (Transformer Engine), which keeps no s x s score matrix. Per token and
   layer, in elements of the model dtype: 4h that TP replicates (both norms' inputs, the QKV and
-  FC1 GEMM inputs; split over TP only with sequence parallelism) plus 2q + 2kv + 3f that TP splits
-  (Q, K, V and the attention output; FC1's gate and up, SwiGLU's output), for hidden h, query width
-  q, key/value width kv, MLP width f. ``selective`` recompute drops only the score matrices, which
-  fused attention never stores, so it plans as ``none``; ``full`` keeps each layer's input (h,
-  sequence-split with SP) plus one layer's activations recomputed in the backward pass. The
+  FC1 GEMM inputs; split over TP only with sequence parallelism) plus 2q + 2kv + the MLP's that TP
+  splits (Q, K, V and the attention output), for hidden h, query width q, key/value width kv, MLP
+  width f. The MLP keeps what autograd saves in megatron-core 0.16's ``MLP.forward``: with
+  ``bias_activation_fusion`` (on where megatron runs on GPU) ``bias_swiglu_impl`` saves FC1's
+  output (2f) and FC2 saves its input (f): 3f; unfused, ``glu`` saves FC1's output (2f: SiLU's
+  input is a view of it), SiLU's output and the offset copy of the up half (``x_linear +
+  glu_linear_offset``, both saved by the product) and FC2's input: 5f (``SWIGLU_KEPT``).
+  Attention keeps no s x s matrix on either path the trainer builds: Transformer Engine's fused
+  attention on GPU, torch's ``scaled_dot_product_attention`` on CPU (gpt.sdpa_attention);
+  megatron's unfused core attention, which keeps its softmax probabilities (and which
+  ``masked_softmax_fusion`` speeds up), never runs for these causal models, so the plan has no
+  term for it. ``selective`` recompute drops only those score matrices, so it plans as ``none``;
+  ``full`` keeps each layer's input (h, sequence-split with SP) plus one layer's activations
+  recomputed in the backward pass. The
   1F1B schedule keeps pp - stage micro-batches in flight (pp on the first stage).
 * log-prob peak (the actor's last stage): one micro-batch's logits over the TP shard of the
   padded vocabulary, the model-dtype output plus ``LOGIT_FP32_COPIES`` (2) fp32 tensors of its
@@ -58,6 +67,7 @@ GB = 10**9
 FP32 = 4
 ADAM_MOMENTS = 2
 LOGIT_FP32_COPIES = 2
+SWIGLU_KEPT = {True: 3, False: 5}  # MLP-width tensors autograd keeps per token and layer, fused or not
 ENGINE_OVERHEAD = 2 * GB
 PARAM_ALIGN = 64  # megatron starts each parameter of a distributed-optimizer buffer at 64 elements
 BUCKET_ALIGN = 128  # ... and pads each bucket to a multiple of lcm(dp, 128)
@@ -204,18 +214,19 @@ def trainer_state(a: Arch, tp: int, pp: int, dp: int, stage: int, dtype_bytes: i
             "optimizer": numel // dp * (ADAM_MOMENTS * FP32 + main_params)}
 
 
-def layer_activation_elements(a: Arch, tp: int, sequence_parallel: bool) -> float:
-    """Elements one layer keeps per token for its backward pass (no recompute)."""
+def layer_activation_elements(a: Arch, tp: int, sequence_parallel: bool, fused: bool = True) -> float:
+    """Elements one layer keeps per token for its backward pass (no recompute), with megatron's
+    fused SwiGLU (``fused``: bias_activation_fusion) or without it."""
     replicated = 4 * a.hidden
-    split = 2 * a.q_width + 2 * a.kv_width + 3 * a.ffn
+    split = 2 * a.q_width + 2 * a.kv_width + SWIGLU_KEPT[fused] * a.ffn
     return replicated / (tp if sequence_parallel else 1) + split / tp
 
 
 def activation_bytes(a: Arch, tp: int, pp: int, stage: int, sequence_parallel: bool, recompute: str,
-                     tokens: int, dtype_bytes: int) -> int:
+                     tokens: int, dtype_bytes: int, fused: bool = True) -> int:
     """Activations a rank of ``stage`` holds at its peak, for micro-batches of ``tokens``."""
     seq_split = tp if sequence_parallel else 1
-    layer = layer_activation_elements(a, tp, sequence_parallel)
+    layer = layer_activation_elements(a, tp, sequence_parallel, fused)
     kept = a.hidden / seq_split if recompute == "full" else layer
     in_flight = pp - stage
     elements = in_flight * (a.layers // pp) * kept + (layer if recompute == "full" else 0)
@@ -250,5 +261,10 @@ def engine_sync_bytes(a: Arch, transport: str, engine_dtype_bytes: int, bucket_b
     and, over the collective, its two buckets. ZMQ bytes arrive in host memory."""
     if transport not in ("collective", "cuda_ipc"):
         return 0
-    layer = max(sum(layer_params(a, 1)), a.vocab * a.hidden) * engine_dtype_bytes
-    return layer + device_buckets(transport)[1] * bucket_bytes
+    return loading_bytes(a, engine_dtype_bytes) + device_buckets(transport)[1] * bucket_bytes
+
+
+def loading_bytes(a: Arch, engine_dtype_bytes: int) -> int:
+    """The whole tensors an engine worker holds while loading a layer (vLLM keeps a layer's until
+    it is complete): a decoder layer or the embedding, whichever is larger."""
+    return max(sum(layer_params(a, 1)), a.vocab * a.hidden) * engine_dtype_bytes

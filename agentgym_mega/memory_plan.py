@@ -3,10 +3,15 @@
 
 The model of memory
 -------------------
-Sizes are decimal bytes (1 GB = 1e9 B). A GPU of ``gpu_mem_gb`` GB offers that much less
-``HEADROOM`` (5%) for the CUDA contexts of the processes sharing it (an engine worker and a trainer
-rank, which hosts every role) and for allocator fragmentation. An "80 GB" H100 exposes 79.6 GiB = 85.5 GB,
-so planning against 80 GB leaves a further ~5 GB unclaimed.
+Sizes are decimal bytes (1 GB = 1e9 B). A GPU offers its capacity (``gpu_mem_gib``, binary, as
+CUDA reports it) less the reserves of :mod:`agentgym_mega.memory_reserves`: a CUDA context per
+process on it (a trainer rank, which hosts every role, and a colocated engine worker), the buffers
+of the NCCL communicators those processes hold, and a fraction for allocator fragmentation. These
+replace the 5% of a decimal 80 GB that the plan used to keep back as one lump: that lump sat on a
+capacity 4.9 GB short of the card's (79.11 GiB = 84.9 GB) and stayed the same however many
+processes and communicators shared the GPU.
+Each node's host memory (sleep backing, offloaded trainer state, rollback snapshots, sync staging)
+is planned against ``host_mem_gb`` the same way.
 
 What each trainer role and engine holds, and the formulas for it: :mod:`agentgym_mega.memory_formulas`.
 
@@ -30,8 +35,9 @@ Phases of the loop (:mod:`agentgym_mega.trainer`, :mod:`agentgym_mega.stack`), p
   ``auto`` is CUDA IPC when every engine worker shares a trainer rank's GPU (colocated, any
   number of nodes), the collective otherwise.
 Colocated engines run on trainer GPUs 0 .. num_engines * engine_tp - 1; split placement plans
-trainer GPUs and engine GPUs apart. A phase fits when its peak on every GPU is within the usable
-memory.
+trainer GPUs and engine GPUs apart (engines on the GPUs after the trainer's). A layout fits when
+every phase's peak on every GPU is within that GPU's capacity less its reserves, and every node's
+host memory within ``host_mem_gb``.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import json
 import math
 import os
 
+from agentgym_mega import memory_reserves as mr
 from agentgym_mega.cluster import offload_on
 from agentgym_mega.cluster import roles as run_roles
 from agentgym_mega.config import Config, ConfigError, apply_overrides, to_dict, validate
@@ -56,6 +63,7 @@ from agentgym_mega.memory_formulas import (
     check_model_parallel,
     engine_sync_bytes,
     kv_bytes_per_token,
+    loading_bytes,
     logits_bytes,
     sync_bytes,
     total_params,
@@ -63,7 +71,6 @@ from agentgym_mega.memory_formulas import (
 )
 from agentgym_mega.weight_sync import SyncError, SyncLayout, choose_transport, planned_layout
 
-HEADROOM = 0.05
 PHASES = ("startup", "rollout", "training", "weight_sync")
 PHASE_NAMES = {"startup": "start-up / resume", "rollout": "rollout", "training": "training",
                "weight_sync": "weight sync"}
@@ -121,11 +128,15 @@ class Layout:
     bucket_bytes: int
     roles: tuple
     gpus_per_node: int
-    gpu_bytes: int
+    gpu_bytes: int  # the card's capacity
     nodes: int | None  # None: as many as the layout needs
+    fragmentation: float = mr.FRAGMENTATION  # share of gpu_bytes reserved for allocator fragmentation
+    host_bytes: int = mr.DEFAULT_HOST_GB * GB  # host memory of a node
+    fused: bool = True  # megatron's fused kernels, as the trainer builds them on GPU (gpt.transformer_config)
 
     @classmethod
-    def of(cls, cfg: Config, gpus_per_node: int, gpu_mem_gb: float, nodes: int | None) -> "Layout":
+    def of(cls, cfg: Config, gpus_per_node: int, gpu_bytes: int, nodes: int | None,
+           fragmentation: float = mr.FRAGMENTATION, host_bytes: int = mr.DEFAULT_HOST_GB * GB) -> "Layout":
         t, r = cfg.trainer, cfg.rollout
         return cls(
             tp=cfg.parallel.tp, pp=cfg.parallel.pp, world_size=cfg.parallel.world_size,
@@ -137,7 +148,7 @@ class Layout:
             dtype_bytes=_dtype_bytes(cfg.model.dtype), engine_dtype_bytes=_dtype_bytes(r.dtype),
             transport=cfg.weight_sync.transport, bucket_bytes=cfg.weight_sync.bucket_mb << 20,
             roles=run_roles(cfg), gpus_per_node=gpus_per_node,
-            gpu_bytes=round(gpu_mem_gb * GB), nodes=nodes,
+            gpu_bytes=gpu_bytes, nodes=nodes, fragmentation=fragmentation, host_bytes=host_bytes,
         )
 
     @property
@@ -157,8 +168,9 @@ class Layout:
         return self.nodes or -(-self.gpus_needed // self.gpus_per_node)
 
     @property
-    def usable(self) -> int:
-        return int(self.gpu_bytes * (1 - HEADROOM))
+    def engine_first_gpu(self) -> int:
+        """Colocated engines fill trainer GPUs from 0, split engines the GPUs after the trainer's."""
+        return 0 if self.placement == "colocated" else self.world_size
 
     def tokens(self) -> tuple[int, str | None]:
         """Tokens of one micro-batch, and a warning when that is a rank's whole slice."""
@@ -205,7 +217,7 @@ def _roles_at(a: Arch, lay: Layout, stage: int, tokens: int) -> dict:
                               value_head=role == "critic")
         if role == "actor":
             state["activations"] = activation_bytes(a, lay.tp, lay.pp, stage, lay.sequence_parallel,
-                                                    lay.recompute, tokens, lay.dtype_bytes)
+                                                    lay.recompute, tokens, lay.dtype_bytes, lay.fused)
             state["logprob_peak"] = logits_bytes(a, lay.tp, tokens, lay.dtype_bytes) if stage == lay.pp - 1 else 0
         out[role] = state
     return out
@@ -228,9 +240,55 @@ def _trainer_gpu(a: Arch, lay: Layout, stage: int, tokens: int, engine: dict | N
         "weight_sync": asleep + (engine["weights"] if engine else 0) + (actor["params"] if lay.offload else state)
         + sync_extra + receiving,
     }
+    communicators = mr.trainer_communicators(lay.tp, lay.pp, lay.dp)
+    if sends and transport == "collective":
+        communicators["weight_sync"] = 1
     if engine:
         held["engine"] = {k: engine[k] for k in ("weights", "kv_cache", "overhead")}
-    return {"roles": held, "phases": phases}
+        engine_groups = mr.engine_communicators(lay.engine_tp, transport, lay.pp)
+        communicators |= {f"engine_{k}": n for k, n in engine_groups.items()}
+    return {"roles": held, "phases": phases, **_reserved(lay, 1 + bool(engine), communicators)}
+
+
+def _reserved(lay: Layout, processes: int, communicators: dict) -> dict:
+    """A GPU's communicators, reserves and what remains for the plan's tensors."""
+    reserves = mr.gpu_reserves(lay.gpu_bytes, processes, sum(communicators.values()), lay.fragmentation)
+    return {"communicators": communicators, "reserves": reserves,
+            "usable_bytes": lay.gpu_bytes - sum(reserves.values())}
+
+
+def _engine_gpu(a: Arch, lay: Layout, engine: dict) -> dict:
+    """A GPU of a split engine: its claim while generating, asleep otherwise, and the sync."""
+    transport = lay.sync_transport()
+    return {"name": "engine GPUs", "roles": {"engine": {k: engine[k] for k in ("weights", "kv_cache", "overhead")}},
+            "phases": {"startup": engine["claim"], "rollout": engine["claim"], "training": engine["overhead"],
+                       "weight_sync": engine["overhead"] + engine["weights"]
+                       + engine_sync_bytes(a, transport, lay.engine_dtype_bytes, lay.bucket_bytes)},
+            **_reserved(lay, 1, mr.engine_communicators(lay.engine_tp, transport, lay.pp))}
+
+
+def _host(a: Arch, lay: Layout, tokens: int, engine: dict) -> dict:
+    """Each node's host memory (memory_reserves): the worst node's bytes by term, and every node's."""
+    held = {stage: _roles_at(a, lay, stage, tokens) for stage in {0, lay.pp - 1}}
+    offloaded = {stage: sum(r["params"] + r["optimizer"] for r in roles.values()) if lay.offload else 0
+                 for stage, roles in held.items()}
+    zmq = lay.sync_transport() in ("tcp", "ipc")
+    nodes = []
+    for node in range(lay.nodes_used):
+        gpus = range(node * lay.gpus_per_node, (node + 1) * lay.gpus_per_node)
+        stages = [min(gpu // (lay.tp * lay.dp), lay.pp - 1) for gpu in gpus if gpu < lay.world_size]
+        workers = sum(lay.engine_first_gpu <= gpu < lay.engine_first_gpu + lay.engine_gpus for gpu in gpus)
+        nodes.append({
+            "sleep_backing": workers * engine["weights"],
+            "trainer_offload": sum(offloaded[0 if s < lay.pp - 1 else s] for s in stages),
+            "rollback_snapshots": workers * engine["weights"],
+            "sync_staging": mr.zmq_staging(int(node == 0), workers, lay.bucket_bytes,
+                                           loading_bytes(a, lay.engine_dtype_bytes)) if zmq else 0,
+        })
+    totals = [sum(n.values()) for n in nodes]
+    worst = max(range(len(nodes)), key=totals.__getitem__)
+    return {"limit_bytes": lay.host_bytes, "worst_node": worst, "breakdown_bytes": nodes[worst],
+            "per_node_bytes": totals}
 
 
 def _stages(pp: int) -> list[tuple[int, str]]:
@@ -263,56 +321,76 @@ def plan_layout(a: Arch, lay: Layout) -> dict:
         has_engine = lay.placement == "colocated" and stage * lay.tp * lay.dp < lay.engine_gpus
         gpus.append({"name": name, **_trainer_gpu(a, lay, stage, tokens, engine if has_engine else None)})
     if lay.placement == "split":
-        gpus.append({"name": "engine GPUs", "roles": {"engine": {k: engine[k] for k in ("weights", "kv_cache",
-                                                                                          "overhead")}},
-                     "phases": {"startup": engine["claim"], "rollout": engine["claim"],
-                                "training": engine["overhead"],
-                                "weight_sync": engine["overhead"] + engine["weights"] + engine_sync_bytes(
-                                    a, lay.sync_transport(), lay.engine_dtype_bytes, lay.bucket_bytes)}})
+        gpus.append(_engine_gpu(a, lay, engine))
     phases = {p: max(g["phases"][p] for g in gpus) for p in PHASES}
     peak_phase = max(PHASES, key=lambda p: phases[p])
-    reason = None
-    if engine["kv_cache"] < engine["kv_bytes_per_token"] * lay.max_model_len:
-        reason = (f"the engines' KV cache ({engine['kv_cache'] / GB:.1f} GB per GPU: gpu_memory_utilization "
-                  f"{lay.utilization} x {lay.gpu_bytes / GB:g} GB - weights {engine['weights'] / GB:.1f} GB - "
-                  f"overhead {ENGINE_OVERHEAD / GB:.0f} GB) holds {engine['kv_tokens']} tokens, less than one "
-                  f"rollout.max_model_len={lay.max_model_len} sequence: vLLM would not start")
-    elif phases[peak_phase] > lay.usable:
-        worst = max(gpus, key=lambda g: g["phases"][peak_phase])
-        reason = (f"the {PHASE_NAMES[peak_phase]} phase needs {phases[peak_phase] / GB:.1f} GB on a GPU "
-                  f"({worst['name']}), {(phases[peak_phase] - lay.usable) / GB:.1f} GB over the "
-                  f"{lay.usable / GB:.1f} GB usable of {lay.gpu_bytes / GB:g} GB ({HEADROOM:.0%} headroom)")
+    tightest = min(gpus, key=lambda g: g["usable_bytes"])
+    host = _host(a, lay, tokens, engine)
+    reason = _misfit(lay, engine, gpus, host)
     return {
         "model": {"architecture": a.name, "params": total_params(a)},
-        "gpu": {"mem_bytes": lay.gpu_bytes, "usable_bytes": lay.usable, "headroom": HEADROOM,
+        "gpu": {"mem_gib": round(lay.gpu_bytes / mr.GIB, 4), "mem_bytes": lay.gpu_bytes,
+                "usable_bytes": tightest["usable_bytes"], "fragmentation_reserve": lay.fragmentation,
                 "per_node": lay.gpus_per_node, "nodes": lay.nodes_used, "gpus": lay.gpus_needed},
         "layout": {"placement": lay.placement, "offload": lay.offload, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
                    "world_size": lay.world_size, "sequence_parallel": lay.sequence_parallel,
-                   "recompute": lay.recompute, "engine_tp": lay.engine_tp, "num_engines": lay.num_engines,
-                   "micro_batch_tokens": tokens, "weight_sync": lay.sync_transport(),
+                   "recompute": lay.recompute, "fused": lay.fused, "engine_tp": lay.engine_tp,
+                   "num_engines": lay.num_engines, "micro_batch_tokens": tokens, "weight_sync": lay.sync_transport(),
                    "roles": list(lay.roles)},
         "engine": engine,
         "gpus": gpus,
+        "reserves_gb": {k: v / GB for k, v in tightest["reserves"].items()},
         "phases": phases,
         "peak_bytes": phases[peak_phase],
         "peak_phase": peak_phase,
+        "host_gb_per_node": max(host["per_node_bytes"]) / GB,
+        "host": host,
         "fits": reason is None,
         "reason": reason,
         "warnings": warnings,
     }
 
 
-def plan(cfg: Config, hf: dict, gpus_per_node: int = 8, gpu_mem_gb: float = 80.0, nodes: int | None = None,
-         source: str = "") -> dict:
-    """The plan of ``cfg`` on nodes of ``gpus_per_node`` GPUs of ``gpu_mem_gb`` GB (``nodes``:
-    as many as the layout needs). One that does not fit has ``fits`` false, the ``reason`` and the
-    ``nearest`` layouts that fit; a layout megatron or vLLM refuses raises BadInput naming why,
-    with the nearest layouts."""
-    if gpus_per_node < 1 or gpu_mem_gb <= 0 or (nodes is not None and nodes < 1):
-        raise BadInput(f"gpus_per_node={gpus_per_node}, gpu_mem_gb={gpu_mem_gb}, nodes={nodes}: "
-                       "each must be positive")
+def _misfit(lay: Layout, engine: dict, gpus: list[dict], host: dict) -> str | None:
+    """Why the layout does not fit (None when it does): an engine without room for a sequence,
+    the phase most over its GPU's usable memory, or the node most over its host memory."""
+    if engine["kv_cache"] < engine["kv_bytes_per_token"] * lay.max_model_len:
+        return (f"the engines' KV cache ({engine['kv_cache'] / GB:.1f} GB per GPU: gpu_memory_utilization "
+                f"{lay.utilization} x {lay.gpu_bytes / mr.GIB:g} GiB - weights {engine['weights'] / GB:.1f} GB - "
+                f"overhead {ENGINE_OVERHEAD / GB:.0f} GB) holds {engine['kv_tokens']} tokens, less than one "
+                f"rollout.max_model_len={lay.max_model_len} sequence: vLLM would not start")
+    over, gpu, phase = max(((g["phases"][p] - g["usable_bytes"], g, p) for g in gpus for p in PHASES),
+                           key=lambda t: t[0])
+    if over > 0:
+        r = gpu["reserves"]
+        return (f"the {PHASE_NAMES[phase]} phase needs {gpu['phases'][phase] / GB:.1f} GB on a GPU ({gpu['name']}), "
+                f"{over / GB:.1f} GB over the {gpu['usable_bytes'] / GB:.1f} GB usable of "
+                f"{lay.gpu_bytes / mr.GIB:g} GiB = {lay.gpu_bytes / GB:.1f} GB (reserved: CUDA contexts "
+                f"{r['cuda_context'] / GB:.1f}, NCCL {r['nccl'] / GB:.1f}, "
+                f"fragmentation {r['fragmentation'] / GB:.1f} GB)")
+    node = host["worst_node"]
+    if host["per_node_bytes"][node] > lay.host_bytes:
+        terms = ", ".join(f"{k.replace('_', ' ')} {v / GB:.1f}" for k, v in host["breakdown_bytes"].items())
+        return (f"node {node}'s host memory needs {host['per_node_bytes'][node] / GB:.1f} GB ({terms} GB), "
+                f"{(host['per_node_bytes'][node] - lay.host_bytes) / GB:.1f} GB over --host-mem-gb "
+                f"{lay.host_bytes / GB:g}")
+    return None
+
+
+def plan(cfg: Config, hf: dict, gpus_per_node: int = 8, gpu_mem_gib: float = mr.DEFAULT_GPU_GIB,
+         nodes: int | None = None, source: str = "", fragmentation: float = mr.FRAGMENTATION,
+         host_mem_gb: float = mr.DEFAULT_HOST_GB) -> dict:
+    """The plan of ``cfg`` on nodes of ``gpus_per_node`` GPUs of ``gpu_mem_gib`` GiB and
+    ``host_mem_gb`` GB of host memory (``nodes``: as many as the layout needs), keeping
+    ``fragmentation`` of each GPU for the allocator. One that does not fit has ``fits`` false,
+    the ``reason`` and the ``nearest`` layouts that fit; a layout megatron or vLLM refuses raises
+    BadInput naming why, with the nearest layouts."""
+    if (gpus_per_node < 1 or gpu_mem_gib <= 0 or host_mem_gb <= 0 or (nodes is not None and nodes < 1)
+            or not 0 < fragmentation < 1):
+        raise BadInput(f"gpus_per_node={gpus_per_node}, gpu_mem_gib={gpu_mem_gib}, host_mem_gb={host_mem_gb}, "
+                       f"nodes={nodes}: each must be positive; fragmentation={fragmentation}: in (0, 1)")
     a = Arch.of(hf)
-    lay = Layout.of(cfg, gpus_per_node, gpu_mem_gb, nodes)
+    lay = Layout.of(cfg, gpus_per_node, round(gpu_mem_gib * mr.GIB), nodes, fragmentation, round(host_mem_gb * GB))
     try:
         result = plan_layout(a, lay)
     except LayoutError as exc:
@@ -430,8 +508,10 @@ def render(result: dict) -> str:
     m, g, lay, e = result["model"], result["gpu"], result["layout"], result["engine"]
     out = [
         f"model: {m['architecture']}, {m['params'] / 1e9:.2f} B parameters ({m.get('source') or 'given'})",
-        f"GPUs: {_nodes(g['nodes'])} x {g['per_node']} of {g['mem_bytes'] / GB:g} GB, {g['usable_bytes'] / GB:.1f} GB "
-        f"usable each ({g['headroom']:.0%} headroom); {g['gpus']} in use",
+        f"GPUs: {_nodes(g['nodes'])} x {g['per_node']} of {g['mem_gib']:g} GiB = {_gb(g['mem_bytes'])} GB; "
+        f"{g['gpus']} in use; {_gb(g['usable_bytes'])} GB usable on the tightest, reserved there: CUDA contexts "
+        f"{result['reserves_gb']['cuda_context']:.2f}, NCCL {result['reserves_gb']['nccl']:.2f}, fragmentation "
+        f"{result['reserves_gb']['fragmentation']:.2f} ({g['fragmentation_reserve']:.0%})",
         f"trainer: {lay['placement']}, offload {'on' if lay['offload'] else 'off'}, tp={lay['tp']} pp={lay['pp']} "
         f"dp={lay['dp']} ({lay['world_size']} ranks), sequence parallel {'on' if lay['sequence_parallel'] else 'off'}, "
         f"recompute {lay['recompute']}, {lay['micro_batch_tokens']} tokens per micro-batch; roles: "
@@ -452,10 +532,17 @@ def render(result: dict) -> str:
     for phase in PHASES:
         out.append(f"  {PHASE_NAMES[phase]:<24}" + "".join(f"{_gb(gpu['phases'][phase]):>{width}}"
                                                            for gpu in result["gpus"]))
+    out.append(f"  {'usable (less reserves)':<24}" + "".join(f"{_gb(gpu['usable_bytes']):>{width}}"
+                                                             for gpu in result["gpus"]))
+    host = result["host"]
+    out += ["", f"host memory, node {host['worst_node']} (the fullest), GB: "
+            + ", ".join(f"{k.replace('_', ' ')} {_gb(v)}" for k, v in host["breakdown_bytes"].items())
+            + f"; {result['host_gb_per_node']:.2f} of {_gb(host['limit_bytes'])}"]
     peak = result["peak_bytes"]
     if result["fits"]:
+        spare = min(gpu["usable_bytes"] - max(gpu["phases"].values()) for gpu in result["gpus"])
         out += ["", f"fits: peak {_gb(peak)} GB per GPU ({PHASE_NAMES[result['peak_phase']]}), "
-                    f"{_gb(g['usable_bytes'] - peak)} GB to spare"]
+                    f"{_gb(spare)} GB to spare on the fullest"]
     else:
         out += ["", f"does not fit: {result['reason']}"]
     out += [f"warning: {w}" for w in result["warnings"]]

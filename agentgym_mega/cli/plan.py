@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from agentgym_mega.cli.options import COUNT, bounded, command, overrides_option
 from agentgym_mega.errors import BadInput
+from agentgym_mega.memory_reserves import DEFAULT_GPU_GIB, DEFAULT_HOST_GB, FRAGMENTATION
 
 # Imported when the command runs: the planner pulls in torch and Ray, the config schema pydantic;
 # --help should pay for none of them.
@@ -22,7 +24,10 @@ def add(sub) -> None:
             "activations of one micro-batch (with parallel.recompute) and log-prob peak; the engines'\n"
             "weights and KV cache within rollout.gpu_memory_utilization. Then the peak of each phase of\n"
             "the loop (start-up/resume, rollout, training, weight sync) for the colocated or split\n"
-            "placement, against --gpu-mem-gb less 5% headroom (decimal GB: an 80 GB H100 has 85.5).\n"
+            "placement, against --gpu-mem-gib less each GPU's reserves (a CUDA context per process,\n"
+            "NCCL communicator buffers, --fragmentation-reserve), and each node's host memory (vLLM's\n"
+            "sleep backing, offloaded trainer state, rollback snapshots, sync staging) against\n"
+            "--host-mem-gb. Bytes are decimal GB (1e9) but for --gpu-mem-gib (2**30, as CUDA reports).\n"
             "A layout that does not fit, or that megatron or vLLM refuses, exits 2 with the reason and\n"
             "up to 3 nearest layouts that fit, as overrides to paste. The model of memory is in\n"
             "agentgym_mega/memory_formulas.py and docs/clusters.md (\"Planning memory\")."
@@ -30,20 +35,35 @@ def add(sub) -> None:
     )
     p.add_argument("--config", required=True, help="YAML config (e.g. configs/recipes/*.yaml)")
     p.add_argument("--gpus-per-node", type=COUNT, default=8, help="GPUs per node (default 8)")
-    p.add_argument("--gpu-mem-gb", type=bounded(float, 0, "a number of GB > 0"), default=80.0,
-                   help="memory of one GPU in decimal GB (default 80)")
+    p.add_argument("--gpu-mem-gib", type=bounded(float, 0, "a number of GiB > 0"),
+                   help="capacity of one GPU in GiB as CUDA reports it (default: this machine's GPU where it has "
+                        f"one, else {DEFAULT_GPU_GIB}, an H100 80GB)")
+    p.add_argument("--fragmentation-reserve", type=_fraction, default=FRAGMENTATION,
+                   help=f"share of each GPU kept for allocator fragmentation (default {FRAGMENTATION})")
+    p.add_argument("--host-mem-gb", type=bounded(float, 0, "a number of GB > 0"), default=DEFAULT_HOST_GB,
+                   help=f"host memory of one node in decimal GB (default {DEFAULT_HOST_GB})")
     p.add_argument("--nodes", type=COUNT, help="nodes available (default: as many as the layout needs)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (bytes) instead of tables")
     overrides_option(p)
 
 
+def _fraction(text: str) -> float:
+    value = bounded(float, 0, "a fraction in (0, 1)")(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1)")
+    return value
+
+
 def run(args) -> int:
     from agentgym_mega import memory_plan
     from agentgym_mega.config import load_config
+    from agentgym_mega.memory_reserves import card_gib
 
     cfg = load_config(args.config, args.overrides)
     hf, source = memory_plan.read_architecture(cfg.model)
-    result = memory_plan.plan(cfg, hf, args.gpus_per_node, args.gpu_mem_gb, args.nodes, source)
+    gib = args.gpu_mem_gib or card_gib() or DEFAULT_GPU_GIB
+    result = memory_plan.plan(cfg, hf, args.gpus_per_node, gib, args.nodes, source, args.fragmentation_reserve,
+                              args.host_mem_gb)
     result["sync_groups"] = sync_groups(cfg, args.gpus_per_node)
     print(json.dumps(result, indent=2) if args.json else memory_plan.render(result))
     if not result["fits"]:

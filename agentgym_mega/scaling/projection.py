@@ -71,7 +71,7 @@ def estimate(cfg: Config, hf: dict, nodes: int, hw: Hardware, work: Workload, gp
         overrides = scaled(cfg, nodes, gpus_per_node)
         cfg = validate(apply_overrides(to_dict(cfg), overrides))
         a = mf.Arch.of(hf)
-        lay = mp.Layout.of(cfg, gpus_per_node, gpu_mem_gb, nodes)
+        lay = mp.Layout.of(cfg, gpus_per_node, round(gpu_mem_gb * mf.GB), nodes)
         plan = mp.plan_layout(a, lay)
     except (mf.LayoutError, ConfigError) as exc:
         return {"nodes": nodes, "error": str(exc).replace("invalid config:\n  ", "").splitlines()[0]}

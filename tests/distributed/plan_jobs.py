@@ -57,3 +57,30 @@ def allocation_job(tp: int, pp: int, world: int, models: dict, dtypes: tuple[str
             del actor
             gc.collect()
     return out
+
+
+def mlp_saved_bytes(hidden: int, ffn: int, tokens: int) -> dict:
+    """Bytes megatron-core's SwiGLU MLP keeps for its backward pass, beyond its input and
+    weights, with and without ``bias_activation_fusion``: every tensor autograd saves during the
+    forward pass, each storage counted once (a view keeps its whole storage alive)."""
+    import torch
+    from megatron.core import tensor_parallel
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.mlp import MLP, MLPSubmodules
+
+    platform.init_distributed(tp=1, pp=1, seed=0)
+    out = {}
+    for fused in (True, False):
+        config = TransformerConfig(num_layers=1, hidden_size=hidden, ffn_hidden_size=ffn, num_attention_heads=4,
+                                   gated_linear_unit=True, activation_func=torch.nn.functional.silu,
+                                   add_bias_linear=False, bias_activation_fusion=fused, params_dtype=torch.float32)
+        mlp = MLP(config, MLPSubmodules(linear_fc1=tensor_parallel.ColumnParallelLinear,
+                                        linear_fc2=tensor_parallel.RowParallelLinear))
+        x = torch.randn(tokens, 1, hidden, requires_grad=True)
+        skip = {t.untyped_storage().data_ptr() for t in [x, *mlp.parameters()]}
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            output, _ = mlp(x)
+        out[fused] = _storage_bytes(saved, exclude=skip)
+        output.sum().backward()  # the graph is complete: what was saved is what the backward pass reads
+    return out

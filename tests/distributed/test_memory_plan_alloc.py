@@ -1,10 +1,11 @@
 """The planner's per-rank figures for a trainable actor's parameters, gradient buffers and
-optimizer state against the bytes megatron-core actually allocates (weights not loaded, optimizer state
-allocated as a checkpoint load does), on gloo ranks: the tiny Qwen2 (tied, QKV bias) and Llama
-(untied, padded vocabulary) and a ~95M Llama, fp32 and bf16, at TP=1, TP=2, DP=2 and PP=2.
+optimizer state against the bytes megatron-core actually allocates (weights not loaded, optimizer
+state allocated as a checkpoint load does), on gloo ranks: the tiny Qwen2 (tied, QKV bias) and
+Llama (untied, padded vocabulary) and a ~95M Llama, fp32 and bf16, at TP=1, TP=2, DP=2 and PP=2.
 Exact in fp32 and within 0.3% in bf16, as claimed: on CPU the local layer spec keeps norm weights
 in fp32 while the plan (for Transformer Engine on GPU) counts them in the model dtype, which is the
-small bf16 difference."""
+small bf16 difference. And the MLP's activations against what autograd saves: exact, fused (3f
+per token) and unfused (5f)."""
 
 import json
 import os
@@ -65,3 +66,13 @@ def test_optimizer_state_is_sharded_over_data_parallel_ranks(models, measured):
             one, two = measured["tp1"][0][(model, dtype)], measured["dp2"][0][(model, dtype)]
             assert two["optimizer"] == pytest.approx(one["optimizer"] / 2, rel=0.01)
             assert (two["params"], two["grads"]) == (one["params"], one["grads"])
+
+
+def test_mlp_activations_fused_and_unfused_are_what_autograd_saves():
+    """megatron-core's SwiGLU MLP saves SWIGLU_KEPT[fused] x ffn elements per token beyond its
+    input (counted with the norms' in the plan's 4h): exactly, in fp32, on CPU, where the fused
+    path is platform.cpu_megatron's stand-in for megatron's kernel, saving what the kernel saves."""
+    hidden, ffn, tokens = 128, 256, 16
+    saved = run_on_local_ranks(plan_jobs.mlp_saved_bytes, 1, hidden, ffn, tokens)[0]
+    for fused in (True, False):
+        assert saved[fused] == memory_formulas.SWIGLU_KEPT[fused] * ffn * tokens * 4, (fused, saved)

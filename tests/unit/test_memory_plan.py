@@ -1,5 +1,6 @@
 """`agentgym-mega plan`: exact per-rank parameter counts, published model sizes, refusals with
-nearest layouts that fit, every shipped recipe fitting on 8 x 80 GB nodes, and the CLI."""
+nearest layouts that fit, every shipped recipe fitting on 8 x 80 GB nodes, the GPU reserves and
+host memory per node, and the CLI."""
 
 import glob
 import json
@@ -11,6 +12,7 @@ import yaml
 
 from agentgym_mega import memory_formulas as mf
 from agentgym_mega import memory_plan as mp
+from agentgym_mega import memory_reserves as mr
 from agentgym_mega.cli import main
 from agentgym_mega.config import ConfigError, load_config
 from agentgym_mega.errors import BadInput
@@ -88,7 +90,7 @@ def test_trainer_state_bytes():
 
 def test_activation_and_logit_formulas_by_hand():
     a = mf.Arch.of(SMALL)
-    # 4h replicated + (2q + 2kv + 3f) split = 512 + (256 + 128 + 768)
+    # 4h replicated + (2q + 2kv + 3f) split = 512 + (256 + 128 + 768), fused SwiGLU
     assert mf.layer_activation_elements(a, 1, False) == 512 + 1152
     assert mf.layer_activation_elements(a, 2, False) == 512 + 1152 / 2
     assert mf.layer_activation_elements(a, 2, True) == (512 + 1152) / 2
@@ -114,9 +116,11 @@ def test_parameter_totals_match_the_published_sizes(name, published):
 @pytest.mark.parametrize("path", RECIPES, ids=os.path.basename)
 def test_every_recipe_fits_on_8x80gb_nodes(path):
     cfg = load_config(path)
-    result = plan_of(path, gpus_per_node=8, gpu_mem_gb=80)
+    result = plan_of(path, gpus_per_node=8, gpu_mem_gib=mr.DEFAULT_GPU_GIB)
     assert result["fits"], result["reason"]
-    assert result["peak_bytes"] <= result["gpu"]["usable_bytes"]
+    assert all(max(g["phases"].values()) <= g["usable_bytes"] for g in result["gpus"])
+    assert min(result["reserves_gb"].values()) > 0  # every reserve counted on a GPU plan
+    assert 0 < result["host_gb_per_node"] <= mr.DEFAULT_HOST_GB
     nodes = result["gpu"]["nodes"]
     assert cfg.parallel.world_size == nodes * 8  # every recipe fills its nodes
     with open(path) as f:
@@ -178,11 +182,12 @@ def test_offload_and_placement_change_the_phases():
     seven_b = os.path.join(REPO, "configs", "recipes", "babyai_qwen2.5-7b.yaml")
     on = plan_of(seven_b)["gpus"][0]["phases"]
     off = plan_of(seven_b, ["cluster.offload=false"])["gpus"][0]["phases"]
-    assert on["rollout"] == int(0.5 * 80e9)  # the trainer holds nothing while engines generate
+    claim = int(0.5 * round(mr.DEFAULT_GPU_GIB * mr.GIB))  # vLLM's share of the card's capacity
+    assert on["rollout"] == claim  # the trainer holds nothing while engines generate
     assert off["rollout"] > on["rollout"] and off["training"] == on["training"]
     # with offload the engines sleep while the roles load (stack.Stack), so start-up is the
     # roles' state on top of the engines' overhead, not on top of their whole share
-    assert off["startup"] - on["startup"] == int(0.5 * 80e9) - mf.ENGINE_OVERHEAD
+    assert off["startup"] - on["startup"] == claim - mf.ENGINE_OVERHEAD
     split = plan_of(seven_b, ["cluster.placement=split", "rollout.num_engines=4"])
     assert split["gpu"]["gpus"] == 12 and split["gpu"]["nodes"] == 2
     assert [g["name"] for g in split["gpus"]] == ["every trainer GPU", "engine GPUs"]
@@ -244,8 +249,10 @@ def test_cli_refuses_with_exit_2_and_the_nearest_layouts():
 
 
 def test_cli_bad_values_exit_2():
-    result = run_cli("plan", "--config", RECIPE_72B, "--gpu-mem-gb", "0")
-    assert result.returncode == 2 and "not a number of GB > 0" in result.stderr
+    result = run_cli("plan", "--config", RECIPE_72B, "--gpu-mem-gib", "0")
+    assert result.returncode == 2 and "not a number of GiB > 0" in result.stderr
+    result = run_cli("plan", "--config", RECIPE_72B, "--fragmentation-reserve", "1")
+    assert result.returncode == 2 and "not a fraction in (0, 1)" in result.stderr
 
 
 def test_cli_json(capsys):
@@ -257,7 +264,15 @@ def test_cli_json(capsys):
     assert set(gpu["roles"]["actor"]) == {"params", "grads", "optimizer", "activations", "logprob_peak"}
     assert set(gpu["roles"]["engine"]) == {"weights", "kv_cache", "overhead"}
     assert {"kv_bytes_per_token", "kv_tokens", "claim"} <= set(out["engine"])
-    assert out["layout"]["micro_batch_tokens"] == 16384
+    assert out["layout"]["micro_batch_tokens"] == 16384 and out["layout"]["fused"] is True
+    assert set(out["reserves_gb"]) == {"cuda_context", "nccl", "fragmentation"}
+    assert min(out["reserves_gb"].values()) > 0
+    assert set(gpu["reserves"]) == set(out["reserves_gb"])
+    assert gpu["usable_bytes"] == out["gpu"]["mem_bytes"] - sum(gpu["reserves"].values())
+    assert isinstance(out["host_gb_per_node"], float) and out["host_gb_per_node"] > 0
+    host = out["host"]
+    assert set(host["breakdown_bytes"]) == {"sleep_backing", "trainer_offload", "rollback_snapshots", "sync_staging"}
+    assert out["host_gb_per_node"] * 1e9 == pytest.approx(sum(host["breakdown_bytes"].values()), abs=1)
 
 
 def test_cli_tables(capsys):
@@ -265,3 +280,103 @@ def test_cli_tables(capsys):
     text = capsys.readouterr().out
     for line in ("stage 1 of 4, GB", "stage 4 of 4, GB", "log-prob peak", "start-up / resume", "fits: peak"):
         assert line in text
+
+
+# -- the path in force, GPU reserves and host memory -------------------------------------------
+
+SEVEN_B = os.path.join(REPO, "configs", "recipes", "babyai_qwen2.5-7b.yaml")
+# SMALL on one node of 2 GPUs: 2 trainer ranks (DP=2) and 2 colocated engines, synced over ZMQ.
+SMALL_RUN = [f"model.architecture={json.dumps(SMALL)}", "parallel.world_size=2", "rollout.num_engines=2",
+             "weight_sync.transport=tcp", "weight_sync.bucket_mb=1", "trainer.max_tokens_per_gpu=4096",
+             "rollout.max_model_len=1024"]
+
+
+def small_plan(**kwargs) -> dict:
+    return mp.plan(load_config(None, SMALL_RUN), dict(SMALL), gpus_per_node=2, **kwargs)
+
+
+def test_unfused_swiglu_keeps_2f_more_per_token_and_layer_than_fused():
+    a = mf.Arch.of(SMALL)
+    # exact: fused 3f, unfused 5f (tests/distributed/test_memory_plan_alloc.py measures both)
+    assert mf.layer_activation_elements(a, 1, False, fused=False) == 512 + 256 + 128 + 5 * 256
+    assert mf.layer_activation_elements(a, 2, True, fused=False) - mf.layer_activation_elements(a, 2, True) == 256
+    fused = mf.activation_bytes(a, 1, 1, 0, False, "none", tokens=10, dtype_bytes=2)
+    unfused = mf.activation_bytes(a, 1, 1, 0, False, "none", tokens=10, dtype_bytes=2, fused=False)
+    assert unfused - fused == 10 * 2 * 2 * (2 * 256)  # tokens x bf16 x 2 layers x 2f
+    # the 7B recipe (TP=4, 28 layers, f=18944, 16384-token micro-batches, selective): the
+    # issue's "about +8.7 GB per GPU" for the unfused path
+    seven = mf.Arch.of(architecture("qwen2.5-7b-instruct"))
+    extra = (mf.activation_bytes(seven, 4, 1, 0, True, "selective", 16384, 2, fused=False)
+             - mf.activation_bytes(seven, 4, 1, 0, True, "selective", 16384, 2))
+    assert extra == 28 * 16384 * 2 * 2 * 18944 // 4 and round(extra / 1e9, 1) == 8.7
+    assert plan_of(SEVEN_B)["layout"]["fused"] is True  # GPU plans count the fused path
+
+
+def test_nccl_communicators_by_hand():
+    # world, TP, DP with and without CP, model parallel, two PP neighbours, the embedding group
+    assert sum(mr.trainer_communicators(2, 2, 2).values()) == 8
+    assert mr.trainer_communicators(4, 1, 2) == {"world": 1, "tp": 1, "dp_cp": 1, "dp": 1, "model_parallel": 1}
+    assert mr.trainer_communicators(1, 1, 1) == {}  # one rank: no communicator at all
+    assert mr.engine_communicators(8, "collective", 4) == {"tp": 2, "weight_sync": 4}
+    assert mr.engine_communicators(1, "cuda_ipc", 4) == {}
+    assert mr.NCCL_COMMUNICATOR == 4 * 2**20 * 32 * 2  # NCCL_BUFFSIZE x channels x ring connections
+    assert mr.gpu_reserves(80 * 2**30, processes=2, communicators=12, fragmentation=0.05) == {
+        "cuda_context": 2 * 2**30, "nccl": 3 * 2**30, "fragmentation": 4 * 2**30}
+
+
+def test_reserves_and_host_memory_of_a_small_run_by_hand():
+    result = small_plan()
+    capacity = round(79.11 * 2**30)
+    assert result["gpu"]["mem_bytes"] == capacity
+    gpu = result["gpus"][0]
+    # a trainer rank and an engine worker; world, DP with and without CP (TCP sync: no group)
+    assert gpu["communicators"] == {"world": 1, "dp_cp": 1, "dp": 1}
+    assert gpu["reserves"] == {"cuda_context": 2 * 2**30, "nccl": 3 * 256 * 2**20,
+                               "fragmentation": int(0.05 * capacity)}
+    assert gpu["usable_bytes"] == capacity - 2 * 2**30 - 3 * 256 * 2**20 - int(0.05 * capacity)
+    assert result["reserves_gb"] == {k: v / 1e9 for k, v in gpu["reserves"].items()}
+    weights = (2 * LAYER_TP1 + 2 * 300 * 128 + 128) * 2  # every parameter, bf16, engine TP 1
+    numel = 2 * LAYER_TP1 + 2 * VOCAB_ROWS * 128 + 128  # this rank's buffer: already 64- and 128-aligned
+    per_rank = numel * 2 + numel // 2 * 12 + numel * 2  # actor params + Adam over DP=2 + ref params
+    staging = 2 * 2**20 + 2 * (2**20 + LAYER_TP1 * 2)  # sender: 2 buckets; 2 workers: a bucket + a layer
+    assert result["host"]["breakdown_bytes"] == {"sleep_backing": 2 * weights, "trainer_offload": 2 * per_rank,
+                                                 "rollback_snapshots": 2 * weights, "sync_staging": staging}
+    assert result["host_gb_per_node"] == (4 * weights + 2 * per_rank + staging) / 1e9  # exact
+    no_offload = mp.plan(load_config(None, [*SMALL_RUN, "cluster.offload=false"]), dict(SMALL), gpus_per_node=2)
+    assert no_offload["host"]["breakdown_bytes"]["trainer_offload"] == 0
+
+
+def test_colocated_gpus_reserve_two_contexts_split_ones_one():
+    split = plan_of(SEVEN_B, ["cluster.placement=split", "rollout.num_engines=4"])
+    trainer, engines = split["gpus"]
+    assert trainer["reserves"]["cuda_context"] == engines["reserves"]["cuda_context"] == mr.CUDA_CONTEXT
+    # the collective: the sender's group on a trainer GPU, one group per stage on an engine worker
+    assert trainer["communicators"]["weight_sync"] == 1 and engines["communicators"] == {"weight_sync": 1}
+    assert plan_of(SEVEN_B)["gpus"][0]["reserves"]["cuda_context"] == 2 * mr.CUDA_CONTEXT
+
+
+def test_capacity_and_fragmentation_set_the_usable_memory():
+    small = small_plan(gpu_mem_gib=40, fragmentation=0.1)
+    gpu = small["gpus"][0]
+    assert small["gpu"]["mem_bytes"] == 40 * 2**30 and gpu["reserves"]["fragmentation"] == 4 * 2**30
+    assert small["engine"]["claim"] == int(0.6 * 40 * 2**30)  # vLLM's share (default 0.6) of the card
+    assert gpu["usable_bytes"] == 36 * 2**30 - sum(v for k, v in gpu["reserves"].items() if k != "fragmentation")
+
+
+def test_a_layout_over_the_host_memory_is_refused_with_the_nearest_fits():
+    result = plan_of(SEVEN_B, host_mem_gb=350)  # the recipe needs 396 GB on its node
+    assert not result["fits"]
+    assert result["reason"].startswith("node 0's host memory needs 396.0 GB (sleep backing 121.8, ")
+    assert "46.0 GB over --host-mem-gb 350" in result["reason"]
+    assert result["nearest"] and result["nearest"][0]["overrides"] == ["rollout.engine_tp=2", "rollout.num_engines=4"]
+    for fit in result["nearest"]:
+        assert plan_of(SEVEN_B, fit["overrides"], host_mem_gb=350, nodes=fit["nodes"])["fits"], fit
+
+
+def test_cli_refuses_a_host_overflow_and_takes_the_capacity_in_gib(capsys):
+    result = run_cli("plan", "--config", SEVEN_B, "--host-mem-gb", "350")
+    assert result.returncode == 2
+    assert "over --host-mem-gb 350" in result.stderr and "nearest layouts that fit" in result.stderr
+    assert main(["plan", "--config", SEVEN_B, "--json", "--gpu-mem-gib", "141", "--fragmentation-reserve", "0.1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpu"]["mem_bytes"] == 141 * 2**30 and out["gpu"]["fragmentation_reserve"] == 0.1
