@@ -43,6 +43,7 @@ host memory within ``host_mem_gb``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -194,10 +195,20 @@ class Layout:
         """weight_sync.transport resolved by the trainer's own rule (weight_sync.choose_transport)
         for this layout; one it cannot carry (e.g. a collective that would hold a GPU twice) is
         a LayoutError."""
-        try:
-            return choose_transport(self.transport, self.sync_layout(), cuda=True)
-        except SyncError as exc:
-            raise LayoutError(str(exc)) from None
+        return _resolved(self.transport, self.world_size, self.pp, self.num_engines, self.engine_tp,
+                         self.placement == "colocated", self.gpus_per_node)
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved(transport: str, world_size: int, pp: int, num_engines: int, engine_tp: int, colocated: bool,
+              gpus_per_node: int) -> str:
+    """Layout.sync_transport, once per layout: the nearest-fit search asks for thousands, each
+    several times, and a layout of 512 GPUs lists every member."""
+    layout = planned_layout(world_size, pp, num_engines, engine_tp, colocated, gpus_per_node)
+    try:
+        return choose_transport(transport, layout, cuda=True)
+    except SyncError as exc:
+        raise LayoutError(str(exc)) from None
 
 
 def _engine(a: Arch, lay: Layout) -> dict:

@@ -128,7 +128,8 @@ def choose_transport(transport: str, layout: SyncLayout, cuda: bool) -> str:
         nodes = sorted({str(w.node) for w in layout.workers} - {str(layout.trainer[0].node)})
         raise SyncError(f"weight_sync.transport=ipc reaches engines on trainer rank 0's node only, but engine "
                         f"workers run on node(s) {', '.join(nodes)}: use auto, collective or tcp")
-    stranded = [w.role for w in layout.workers if w.device not in {m.device for m in layout.trainer}]
+    trainer_devices = {m.device for m in layout.trainer}
+    stranded = [w.role for w in layout.workers if w.device not in trainer_devices]
     if transport == "cuda_ipc" and stranded:
         raise SyncError(f"weight_sync.transport=cuda_ipc: {', '.join(stranded)} share(s) no "
                         "GPU with a trainer rank; CUDA IPC feeds each worker from the trainer rank on its own GPU: "
@@ -140,13 +141,15 @@ def choose_transport(transport: str, layout: SyncLayout, cuda: bool) -> str:
 def sync_groups(transport: str, layout: SyncLayout, cuda: bool) -> list[SyncGroup]:
     """The groups a sync over resolved `transport` forms for `layout`."""
     if transport == "cuda_ipc":
-        groups, fed = [], set()
+        on_device: dict[tuple, list[Member]] = {}
+        for worker in layout.workers:
+            on_device.setdefault(worker.device, []).append(worker)
+        groups = []
         for rank in layout.trainer:  # the lowest rank on a GPU feeds it
-            workers = tuple(w for w in layout.workers if w.device == rank.device)
-            if workers and rank.device not in fed:
-                fed.add(rank.device)
-                where = f"node {rank.node} GPU {rank.gpu}"
-                groups.append(SyncGroup(f"feed on {where}", "cuda_ipc" if cuda else "host_ipc", (rank,) + workers))
+            workers = tuple(on_device.pop(rank.device, ()))
+            if workers:
+                groups.append(SyncGroup(f"feed on node {rank.node} GPU {rank.gpu}", "cuda_ipc" if cuda else "host_ipc",
+                                        (rank,) + workers))
         return groups
     if transport == "collective":
         return [SyncGroup(f"stage {stage}", "nccl" if cuda else "gloo", (layout.stage_sender(stage),) + layout.workers)
