@@ -168,7 +168,7 @@ def train(cfg: Config, resume: str | None = None, stop: threading.Event | None =
                 next_rollout = background.submit(collect_batch, stack.rollout, sampler, cfg, step + 1,
                                                  algorithms.turn_cap(step + 1, cfg.horizon))
             else:
-                stack.engines_sleep(keep_weights=False)  # _sync_weights rewrites every weight before they generate
+                _engines_sleep_until_sync(stack)
             stack.trainers_restore()
             _logprobs_and_values(stack, batch, cfg, timer)
             algorithms.compute_advantages(batch, cfg.algorithm)
@@ -216,6 +216,13 @@ def _logprobs_and_values(stack: Stack, batch: TrajectoryBatch, cfg: Config, time
     if stack.critic is not None:
         with timer("values"):
             batch.values = stack.critic.values(batch.input_ids, batch.attention_mask)
+
+
+def _engines_sleep_until_sync(stack: Stack) -> None:
+    """The engines free their device memory for the trainer's work, discarding their weights
+    (vLLM's level 2): _sync_weights rewrites every one of them before they generate again, so a
+    copy to host memory and back would be thrown away."""
+    stack.engines_sleep(keep_weights=False)
 
 
 def _sync_weights(stack: Stack, step: int, timer: Timer):
