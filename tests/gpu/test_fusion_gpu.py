@@ -13,24 +13,34 @@ from tests.distributed.conftest import model_100m  # noqa: F401  (a fixture this
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-# Relative error, ||fused - unfused|| / ||unfused||, of the logits and of all gradients together;
-# a single parameter's gradient may be off by PER_TENSOR times as much (a small gradient's
-# rounding weighs more). A fusion that computes something else is off by tens of percent.
-# fp32: the fused kernels add and multiply in another order (and Transformer Engine's GEMMs may
-# round inputs to TF32, 10 bits, where an operand differs in its last bit): 1e-7 per operation,
-# grown over the layers, stays well under 1e-4.
-# bf16: a fused kernel computes in fp32 and rounds once where the unfused path rounds after each
-# operation (silu, then the product; the residual add), so the two differ by about one bf16
-# rounding (2^-9 = 2e-3) per element per layer; over 12 layers and back, ~1e-2 at most.
-TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}
+# Relative error, ||a - b|| / ||b||, of the logits and of all gradients together; a single
+# parameter's gradient may be off by PER_TENSOR times as much (a small gradient's rounding weighs
+# more). A fusion that computes something else is off by tens of percent.
+# fp32: fused against unfused within FP32_TOLERANCE. The fused kernels add and multiply in
+# another order (and Transformer Engine's GEMMs may round inputs to TF32, 10 bits, where an
+# operand differs in its last bit): 1e-7 per operation, grown over the layers, stays under 1e-4.
+# bf16: the two bf16 models differ by their roundings (the CPU stand-ins measured 1.3e-2 on the
+# tiny model's logits, 2 layers), which no fixed bound separates from a small bug. So each is
+# compared with the unfused fp32 model: a fused kernel computes in fp32 and rounds once where the
+# unfused path rounds after each operation, so the fused bf16 model is no further from fp32
+# than the unfused one is; BF16_RATIO leaves room for which of the two roundings lands closer.
+FP32_TOLERANCE = 1e-4
 PER_TENSOR = 3
+BF16_RATIO = 1.25
 BATCH, SEQ = 2, 256
 
 
+def own_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """fp32 on the host, in its own storage: a main_grad is a view into DDP's whole gradient
+    buffer, which pickling a view would carry along for every parameter."""
+    return tensor.detach().to("cpu", torch.float32, copy=True)
+
+
 def fusion_job(hf_dir: str, dtype_name: str) -> dict:
-    """Per build (fused, unfused): the fusion flags its config has, the logits of one batch and
-    every parameter's gradient (megatron's DDP main_grad, which the fused weight-gradient GEMM
-    writes into) after backpropagating the batch's mean next-token loss."""
+    """Per build (fused, unfused; with bf16 also the unfused fp32 model): the fusion flags its
+    config has, the logits of one batch and every parameter's gradient (megatron's DDP
+    main_grad, which the fused weight-gradient GEMM writes into) after backpropagating the
+    batch's mean next-token loss."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
     from agentgym_mega import platform
@@ -44,18 +54,21 @@ def fusion_job(hf_dir: str, dtype_name: str) -> dict:
     ids = jobs.tokens(hf_config.vocab_size, batch=BATCH, seq=SEQ, seed=1).to(device)
     positions = torch.arange(SEQ, device=device).expand_as(ids)
     out = {}
-    for fused in (True, False):
-        model = gpt.build_gpt(hf_config, gpt.ModelSplit(), gpt.resolve_dtype(dtype_name), fused=fused)
+    builds = {"fused": (dtype_name, True), "unfused": (dtype_name, False)}
+    if dtype_name != "float32":
+        builds["fp32"] = ("float32", False)
+    for build, (dtype, fused) in builds.items():
+        model = gpt.build_gpt(hf_config, gpt.ModelSplit(), gpt.resolve_dtype(dtype), fused=fused)
         weights.load_hf_weights(model, hf_dir, hf_config)
         ddp = shard.data_parallel()(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False))
         logits = ddp(ids, positions, None)[..., :hf_config.vocab_size].float()  # [s, b, V]
         loss = torch.nn.functional.cross_entropy(logits[:-1].flatten(0, 1), ids.t()[1:].flatten())
         loss.backward()
-        out["fused" if fused else "unfused"] = {
+        out[build] = {
             "flags": {name: getattr(model.config, name) for name in gpt.FUSIONS},
-            "logits": logits.detach().cpu(),
-            "grads": {n: p.main_grad.detach().float().cpu() for n, p in model.named_parameters()},
+            "logits": own_copy(logits),
+            "grads": {n: own_copy(p.main_grad) for n, p in model.named_parameters()},
         }
         del ddp, model, logits, loss
     return out
@@ -63,6 +76,18 @@ def fusion_job(hf_dir: str, dtype_name: str) -> dict:
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
+
+
+def errors(build: dict, reference: dict) -> dict:
+    """Relative errors of ``build`` to ``reference``: logits, all gradients together, and the
+    worst parameter's gradient (its name, its error)."""
+    names = list(reference["grads"])
+    assert names == list(build["grads"])
+    flat = [torch.cat([b["grads"][n].flatten() for n in names]) for b in (build, reference)]
+    per_tensor = {n: relative(build["grads"][n], reference["grads"][n]) for n in names}
+    worst = max(per_tensor, key=per_tensor.get)
+    return {"logits": relative(build["logits"], reference["logits"]), "grads": relative(*flat),
+            "worst": (worst, per_tensor[worst])}
 
 
 @pytest.fixture(scope="module")
@@ -80,15 +105,14 @@ def test_fused_paths_match_the_unfused_model(models, model, dtype):
     # torch's CUDA build brings Triton, so SwiGLU and bias-dropout-add at least are fused
     assert fused["flags"]["bias_activation_fusion"] and fused["flags"]["bias_dropout_fusion"], fused["flags"]
     assert not any(unfused["flags"].values()), unfused["flags"]
-    tol = TOLERANCE[dtype]
-    logits = relative(fused["logits"], unfused["logits"])
-    names = list(unfused["grads"])
-    assert names == list(fused["grads"])
-    everything = relative(torch.cat([fused["grads"][n].flatten() for n in names]),
-                          torch.cat([unfused["grads"][n].flatten() for n in names]))
-    worst = max(names, key=lambda n: relative(fused["grads"][n], unfused["grads"][n]))
-    worst_error = relative(fused["grads"][worst], unfused["grads"][worst])
-    print(f"relative errors: logits {logits:.2e}, gradients {everything:.2e}, worst {worst} {worst_error:.2e}")
-    assert logits <= tol, (logits, tol)
-    assert everything <= tol, (everything, tol)
-    assert worst_error <= PER_TENSOR * tol, (worst, worst_error, tol)
+    if dtype == "float32":
+        error = errors(fused, unfused)
+        print(f"fused to unfused: {error}")
+        assert error["logits"] <= FP32_TOLERANCE and error["grads"] <= FP32_TOLERANCE, error
+        assert error["worst"][1] <= PER_TENSOR * FP32_TOLERANCE, error
+        return
+    mine, theirs = errors(fused, out["fp32"]), errors(unfused, out["fp32"])
+    print(f"to fp32: fused {mine}, unfused {theirs}")
+    for key in ("logits", "grads"):
+        assert mine[key] <= BF16_RATIO * theirs[key], (key, mine, theirs)
+    assert mine["worst"][1] <= PER_TENSOR * BF16_RATIO * theirs["worst"][1], (mine, theirs)
