@@ -49,7 +49,9 @@ test: install
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 # The first run on a GPU: tests/gpu end to end (a 2-step bf16 GRPO run with vLLM on CUDA, CUDA
-# IPC sync, sleep/wake, the TE layer spec, NCCL and TP=2 with 2 GPUs), then a pass/fail table.
+# IPC sync, sleep/wake, the TE layer spec, fused against unfused numerics, the plan against the
+# allocator, NCCL and TP=2 with 2 GPUs), then a pass/fail table; the checks that need vLLM are
+# skipped where it is absent.
 # GPU_PYTHON is the environment with the GPU stack (slurm/container/: python3 in the image).
 GPU_PYTHON ?= python3
 

@@ -47,6 +47,54 @@ def te_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
+# megatron's fusion flags (TransformerConfig), in the order fusions() lists them
+FUSIONS = ("bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion",
+           "gradient_accumulation_fusion", "apply_rope_fusion")
+# The CUDA extensions megatron imports for the fused causal/masked/plain softmax (apex builds them)
+_SOFTMAX_KERNELS = ("scaled_upper_triang_masked_softmax_cuda", "scaled_masked_softmax_cuda", "scaled_softmax_cuda")
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def fusions(cuda: bool) -> dict[str, bool]:
+    """Which of megatron's fused paths a model built here runs, by TransformerConfig flag (FUSIONS).
+
+    Each is on only where its kernel exists, as megatron asserts (or fails at the first step)
+    otherwise:
+
+    * on CUDA, SwiGLU (``bias_activation_fusion``) and bias-dropout-add (``bias_dropout_fusion``)
+      are megatron's ``torch.compile``d functions, which need Triton (torch's CUDA wheels bring
+      it); the fused softmax needs apex's softmax extensions; the weight gradient GEMM that adds
+      into ``main_grad`` (``gradient_accumulation_fusion``) needs apex's
+      ``fused_weight_gradient_mlp_cuda`` (megatron's own linears, the output layer too, refuse to
+      build without it, Transformer Engine or not); the fused rotary embedding is Transformer
+      Engine's.
+    * on CPU, SwiGLU, rotary embedding and gradient accumulation run fused through the CPU
+      layer's stand-ins (platform.cpu_megatron) once it is enabled; the softmax is torch's
+      (sdpa_attention) and the bias-dropout-add has no bias or dropout to fuse.
+    """
+    if not cuda:
+        stand_ins = platform.cpu_megatron.is_enabled()
+        return {"bias_activation_fusion": stand_ins, "bias_dropout_fusion": False, "masked_softmax_fusion": False,
+                "gradient_accumulation_fusion": stand_ins, "apply_rope_fusion": stand_ins}
+    from torch.utils._triton import has_triton
+
+    triton = has_triton()
+    return {"bias_activation_fusion": triton, "bias_dropout_fusion": triton,
+            "masked_softmax_fusion": all(map(_importable, _SOFTMAX_KERNELS)),
+            "gradient_accumulation_fusion": _importable("fused_weight_gradient_mlp_cuda"),
+            "apply_rope_fusion": _te_rope()}
+
+
+def _te_rope() -> bool:
+    """Whether megatron found Transformer Engine's fused rotary embedding (its own check)."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    return rope_utils.fused_apply_rotary_pos_emb is not None
+
+
 def padded_vocab_size(vocab: int, tp: int) -> int:
     multiple = math.lcm(VOCAB_MULTIPLE, tp)
     return -(-vocab // multiple) * multiple
@@ -110,7 +158,9 @@ def _leave_uninitialised(weight: torch.Tensor) -> None:
     """megatron's init method for weights that are loaded next."""
 
 
-def transformer_config(hf_config, split: ModelSplit, dtype: torch.dtype):
+def transformer_config(hf_config, split: ModelSplit, dtype: torch.dtype, fused: bool = True):
+    """megatron's TransformerConfig of this model; ``fused``: the fused paths available here
+    (:func:`fusions`), else megatron's unfused ones (the reference tests/gpu compares against)."""
     from megatron.core.transformer import TransformerConfig
 
     arch = check_architecture(hf_config)
@@ -123,7 +173,7 @@ def transformer_config(hf_config, split: ModelSplit, dtype: torch.dtype):
     recompute = {} if split.recompute == "none" else {"recompute_granularity": split.recompute}
     if split.recompute == "full":
         recompute.update(recompute_method="uniform", recompute_num_layers=1)
-    cpu = platform.cpu_megatron.is_enabled()
+    fused_paths = fusions(platform.has_cuda()) if fused else dict.fromkeys(FUSIONS, False)
     return TransformerConfig(
         num_layers=geo.layers,
         hidden_size=geo.hidden,
@@ -153,15 +203,8 @@ def transformer_config(hf_config, split: ModelSplit, dtype: torch.dtype):
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
-        # On CPU, the weight gradients' accumulation into main_grad, the rotary embedding and
-        # SwiGLU run through the CPU layer's stand-ins for the CUDA kernels (platform.cpu_megatron):
-        # the unfused paths compute the same thing with more passes and copies. On GPU these
-        # stay off until a GPU run has checked them against tests/gpu.
-        bias_activation_fusion=cpu,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        gradient_accumulation_fusion=cpu,
-        apply_rope_fusion=cpu,
+        # the unfused paths compute the same thing with more passes, copies and kept activations
+        **fused_paths,
         **recompute,
     )
 
@@ -310,15 +353,15 @@ def value_gpt_model() -> type:
     return ValueGPTModel
 
 
-def build_gpt(hf_config, split: ModelSplit, dtype: torch.dtype, value_head: bool = False):
+def build_gpt(hf_config, split: ModelSplit, dtype: torch.dtype, value_head: bool = False, fused: bool = True):
     """This rank's ``GPTModel`` for ``hf_config``, uninitialised (fill it from
     :mod:`agentgym_mega.models.weights` or a checkpoint): the policy's model, whose logits come
     out ``[s, b, V / tp]``, or with ``value_head`` the critic's, whose scalar head replaces the LM
-    head (``[b, s, 1]``; embeddings are never tied)."""
+    head (``[b, s, 1]``; embeddings are never tied). ``fused``: see :func:`transformer_config`."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import gpt_layer_specs
 
-    config = transformer_config(hf_config, split, dtype)
+    config = transformer_config(hf_config, split, dtype, fused)
     if te_available():
         spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
     else:

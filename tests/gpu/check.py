@@ -1,6 +1,8 @@
 """`make gpu-check`'s report, a pytest plugin (`-p tests.gpu.check`): the machine and the stack's
-versions first, then one row per check (passed, failed, skipped) with its seconds and, for a
-failure or a skip, why; then the totals. Plain text, short enough to paste into an issue."""
+versions first (with CUDA, also megatron's fused paths a model built there runs: gpt.fusions),
+then one row per check (passed, failed, skipped) with its seconds and, for a failure or a skip,
+why (a check that needs vLLM where it is absent: skipped, "needs vLLM's CUDA build"); then the
+totals. Plain text, short enough to paste into an issue."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import importlib.metadata as md
 import pytest
 
 STACK = ("torch", "vllm", "transformer-engine", "megatron-core", "transformers")
+NO_CUDA = "no CUDA device"
 _rows: dict[str, dict] = {}
 
 
@@ -49,16 +52,29 @@ def _device() -> str:
     import torch
 
     if not torch.cuda.is_available():
-        return "no CUDA device"
+        return NO_CUDA
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return f"{len(names)} x {names[0]} (CUDA {torch.version.cuda})"
+
+
+def _fusions() -> str:
+    from agentgym_mega.models import gpt
+
+    try:
+        on = [name for name, value in gpt.fusions(cuda=True).items() if value]
+    except ImportError as exc:  # megatron-core absent: every megatron check fails on its own row
+        return f"fusions unknown ({exc})"
+    return "fusions in force: " + (", ".join(on) or "none")
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter) -> None:
     write = terminalreporter.write_line
     write("")
-    write(f"gpu-check: {_device()}; {_versions()}")
+    device = _device()
+    write(f"gpu-check: {device}; {_versions()}")
+    if device != NO_CUDA:
+        write(f"gpu-check: {_fusions()}")
     width = max([len(n) for n in _rows] + [5])
     write(f"{'check':<{width}}  {'result':<14} {'s':>6}  why")
     for nodeid, row in _rows.items():
