@@ -22,8 +22,10 @@ Per step, for S = batch_size x n_per_task episodes of L tokens, G of them genera
   the bubble per mini-batch, plus per optimizer step the distributed optimizer's reduce-scatter
   of fp32 gradients and all-gather of bf16 parameters over the DP group ((dp - 1) / dp x 6 bytes
   per parameter of the rank), on NVLink when the DP group is inside a node, else the network.
-* sync: the weights (engine dtype) to the engines: CUDA IPC inside a node (the TP gather over
-  NVLink, then a device copy); the collective across nodes (each PP stage's share over one
+* sync: the weights (engine dtype) to the engines: CUDA IPC for colocated engines on any number
+  of nodes (every rank exports the whole model: each stage's TP gather over NVLink, the other
+  stages' share broadcast over the PP group, on the network once the run spans nodes, then a
+  device copy); the collective for engines on GPUs of their own (each PP stage's share over one
   network link, the broadcast sending each byte once, after its TP gather).
 * offload (colocated, cluster.offload on): each trainer role's parameters and optimizer state
   to host memory and back, and the engines' weights (vLLM sleep level 1) the same, over PCIe.
@@ -121,7 +123,9 @@ def estimate(cfg: Config, hf: dict, nodes: int, hw: Hardware, work: Workload, gp
     transport = lay.sync_transport()
     gather = weights / lay.pp * (lay.tp - 1) / lay.tp / (hw.nvlink_gbps * 1e9)
     if transport == "cuda_ipc":
-        sync = gather * lay.pp + weights / (hw.hbm_tbps * 1e12 * hw.hbm_efficiency)
+        pp_link = (hw.nvlink_gbps if lay.world_size <= gpus_per_node else hw.network_gbps) * 1e9
+        sync = (gather * lay.pp + weights * (lay.pp - 1) / lay.pp / pp_link
+                + weights / (hw.hbm_tbps * 1e12 * hw.hbm_efficiency))
     else:
         sync = gather + weights / lay.pp / (hw.network_gbps * 1e9)
 

@@ -170,7 +170,9 @@ def test_projection_phases_by_hand_for_7b_on_one_node():
 
 def test_projection_scales_by_data_parallelism_and_follows_its_rates():
     one, two = _project_7b()["rows"]
-    assert (two["dp"], two["engines"], two["gpus"], two["transport"]) == (4, 16, 16, "collective")
+    # colocated over two nodes: each rank feeds the engine on its GPU, no weight crosses the network
+    assert (two["dp"], two["engines"], two["gpus"], two["transport"]) == (4, 16, 16, "cuda_ipc")
+    assert two["seconds"]["sync"] == one["seconds"]["sync"]
     assert two["seconds"]["logprob"] == pytest.approx(one["seconds"]["logprob"] / 2)
     assert (one["efficiency"], two["efficiency"]) == (1.0, pytest.approx(two["speedup"] / 2))
     faster = _project_7b(peak_tflops=2 * 989.0)["rows"][0]
@@ -178,7 +180,18 @@ def test_projection_scales_by_data_parallelism_and_follows_its_rates():
     assert faster["seconds"]["sync"] == one["seconds"]["sync"]
     wider = _project_7b(nodes=(2,), network_gbps=100.0)["rows"][0]
     assert wider["seconds"]["logprob"] == two["seconds"]["logprob"]
-    assert wider["seconds"]["sync"] < two["seconds"]["sync"]
+    assert wider["seconds"]["sync"] == two["seconds"]["sync"]  # PP=1: every stage is on the rank
+
+
+def test_a_pipeline_over_nodes_broadcasts_the_other_stages_over_the_network():
+    seventy_b = os.path.join(REPO, "configs", "recipes", "textcraft_llama-3.1-70b.yaml")
+    rows = [projection.estimate(load_config(seventy_b), mp.read_architecture(load_config(seventy_b).model)[0], 8,
+                                Hardware(network_gbps=gbps), Workload()) for gbps in (50.0, 100.0)]
+    assert rows[0]["transport"] == "cuda_ipc" and rows[0]["pp"] == 4
+    # the three other stages' share (3/4 of the bf16 weights) over the network: twice the link, half the time
+    weights = mf.total_params(mf.Arch.of(mp.read_architecture(load_config(seventy_b).model)[0])) * 2
+    assert rows[0]["seconds"]["sync"] - rows[1]["seconds"]["sync"] == pytest.approx(
+        weights * 3 / 4 * (1 / 50e9 - 1 / 100e9), rel=1e-9)
 
 
 def test_a_node_count_the_recipe_cannot_use_is_named_and_the_first_that_fits_is_the_base():
