@@ -50,14 +50,11 @@ def _node() -> str:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else socket.gethostname()
 
 
-def run_layout(engines: Sequence, engine_nodes: Sequence[str] | None, workers_per_engine: int, pp: int,
-               timeout_s: float) -> SyncLayout | None:
-    """Where this run's trainer ranks and engine workers are (every rank calls it; rank 0 gets the
-    layout, the others None). A process without a device (a CPU test run without a placement)
+def run_layout(ranks: Sequence, engines: Sequence, engine_nodes: Sequence[str] | None, workers_per_engine: int,
+               pp: int, timeout_s: float) -> SyncLayout:
+    """Where this run's trainer ranks (`ranks`: each one's node and device, gathered) and engine
+    workers (asked here) are. A process without a device (a CPU test run without a placement)
     counts as a device of its own on its node."""
-    ranks = gather_json((_node(), device_id()))
-    if dist.get_rank() != 0:
-        return None
     devices = engine_devices(engines, timeout_s)
     if engine_nodes is None:  # an engine's workers share its node (cluster.check_within_nodes)
         import ray
@@ -82,9 +79,10 @@ def for_trainer_rank(options, engines: Sequence, engine_nodes: Sequence[str] | N
     this sync (rank 0 exports nothing for them to join) and try again at the next one, as rank 0
     does."""
     choice, error = None, None
-    layout = run_layout(engines, engine_nodes, workers_per_engine, pp, options.timeout_s)
+    ranks = gather_json((_node(), device_id()))
     if dist.get_rank() == 0:
         try:
+            layout = run_layout(ranks, engines, engine_nodes, workers_per_engine, pp, options.timeout_s)
             transport = choose_transport(options.transport, layout, cuda)
             directory = socket_directory() if transport == "cuda_ipc" else None  # of the per-GPU sockets
             groups = [g.as_dict() for g in sync_groups(transport, layout, cuda)]
