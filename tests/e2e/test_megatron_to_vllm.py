@@ -41,6 +41,9 @@ class Gone:
     def health(self):
         return {}
 
+    def device_uuids(self):
+        return []
+
 
 def test_trained_tp2_weights_reach_vllm_with_logprob_parity(tmp_path):
     import ray
