@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import types
+import weakref
 from typing import Iterator
 
 import torch
@@ -184,6 +185,10 @@ def _stage_of_each_param(local_names: set[str]) -> dict[str, int]:
 
 
 EXPORT_TO = ("first", "stage", "every")
+# On CPU, per model, the tensors a holder assembled in its last export, filled again by the next:
+# fresh memory page-faults at every sync, which costs about as much as the transfer on a CPU host
+# (the CUDA caching allocator already hands freed blocks back without that cost).
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Tensors whose TP gather is in flight while the consumer (a sender streaming them, a writer)
 # handles the one before: their transfer overlaps its work and the assembling of the one before.
 _LOOKAHEAD = 1
@@ -200,12 +205,22 @@ class _TPGather:
     holders: tuple[int, ...]
     p2p: bool
     geo: mapping.Geometry
+    kept: dict | None  # on CPU, the assembled tensors of the last export (see export_hf)
     scratch: dict = dataclasses.field(default_factory=dict)  # receive buffers of the layouts to_hf assembles
     posted: int = 0  # gathers into scratch so far: consecutive ones take different slots
 
     @property
     def holds(self) -> bool:
         return self.me in self.holders
+
+    def empty(self, key: tuple, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """An output tensor: the last export's of the same `key` where one is kept."""
+        if self.kept is None:
+            return like.new_empty(shape)
+        out = self.kept.get(key)
+        if out is None or out.shape != shape or out.dtype != like.dtype:
+            out = self.kept[key] = like.new_empty(shape)
+        return out
 
     def buffers(self, like: torch.Tensor) -> list[torch.Tensor]:
         """Receive buffers for one shard from each TP rank, reused from layer to layer (fresh pages
@@ -223,20 +238,28 @@ def _pieces(rule: mapping.Rule, shard: torch.Tensor) -> list[torch.Tensor]:
     return list(shard.chunk(2, 0)) if rule.layout == "gate_up" else [shard]
 
 
-def _in_place(rule: mapping.Rule, shard: torch.Tensor, tp: int, geo: mapping.Geometry):
+def _in_place(rule: mapping.Rule, shard: torch.Tensor, tp: _TPGather):
     """For the layouts whose shards are blocks of rows of the HF tensors (vocab, gate_up): the
     HF tensors, empty, and per TP rank the blocks its :func:`_pieces` fill, so shards land where
     they belong with no copy after. None for qkv (rows interleave per query group) and row
     (shards are column blocks): :func:`mapping.to_hf` assembles those."""
-    rows, tail = shard.shape[0], shard.shape[1:]
+    rows, tail, n = shard.shape[0], tuple(shard.shape[1:]), len(tp.ranks)
     if rule.layout == "vocab":
-        padded = shard.new_empty((rows * tp, *tail))
-        return [padded[: geo.vocab]], [[padded[r * rows : (r + 1) * rows]] for r in range(tp)]
+        padded = tp.empty((rule.megatron, 0), (rows * n, *tail), shard)
+        return [padded[: tp.geo.vocab]], [[padded[r * rows : (r + 1) * rows]] for r in range(n)]
     if rule.layout == "gate_up":
         half = rows // 2
-        gate, up = shard.new_empty((half * tp, *tail)), shard.new_empty((half * tp, *tail))
-        return [gate, up], [[gate[r * half : (r + 1) * half], up[r * half : (r + 1) * half]] for r in range(tp)]
+        gate, up = (tp.empty((rule.megatron, k), (half * n, *tail), shard) for k in range(2))
+        return [gate, up], [[gate[r * half : (r + 1) * half], up[r * half : (r + 1) * half]] for r in range(n)]
     return None
+
+
+def _assemble(rule: mapping.Rule, shards: list[torch.Tensor], tp: _TPGather) -> list[torch.Tensor]:
+    """mapping.to_hf of the received shards, a row layout's into a kept tensor."""
+    if rule.layout == "row":
+        shape = (shards[0].shape[0], sum(s.shape[1] for s in shards), *shards[0].shape[2:])
+        return [torch.cat(shards, 1, out=tp.empty((rule.megatron, 0), shape, shards[0]))]
+    return mapping.to_hf(rule, shards, tp.geo)
 
 
 def _post_gather(rule: mapping.Rule, local: torch.Tensor, tp: _TPGather, index: int):
@@ -255,7 +278,7 @@ def _post_gather(rule: mapping.Rule, local: torch.Tensor, tp: _TPGather, index: 
     pieces = _pieces(rule, local)
     outputs, blocks = None, None
     if tp.holds:
-        outputs, blocks = _in_place(rule, local, n, tp.geo) or (None, None)
+        outputs, blocks = _in_place(rule, local, tp) or (None, None)
         if blocks is None:
             blocks = [[b] for b in tp.buffers(local)]
             if tp.p2p:
@@ -282,7 +305,7 @@ def _post_gather(rule: mapping.Rule, local: torch.Tensor, tp: _TPGather, index: 
             work.wait()
         if not tp.holds:
             return None
-        return outputs if outputs is not None else mapping.to_hf(rule, [b[0] for b in blocks], tp.geo)
+        return outputs if outputs is not None else _assemble(rule, [b[0] for b in blocks], tp)
 
     return finish
 
@@ -301,8 +324,9 @@ def export_hf(model, hf_config, to: str = "first") -> Iterator[tuple[str, torch.
       broadcast): each rank feeds the engine worker on its own GPU.
 
     The TP gather of the next tensor is under way while the consumer handles one (see
-    :func:`_post_gather`). At TP=1 tensors can be views of the parameters: use them before
-    the weights change."""
+    :func:`_post_gather`). Use the tensors before the weights change and before the next
+    export: at TP=1 they can be views of the parameters, and on CPU a holder fills the same
+    tensors at every export (`_KEPT`)."""
     from megatron.core import parallel_state
 
     if to not in EXPORT_TO:
@@ -310,13 +334,15 @@ def export_hf(model, hf_config, to: str = "first") -> Iterator[tuple[str, torch.
     tp_group = parallel_state.get_tensor_model_parallel_group()
     tp_ranks = dist.get_process_group_ranks(tp_group)
     geo = _geometry(hf_config, model)
-    tp = _TPGather(tp_group, tp_ranks, parallel_state.get_tensor_model_parallel_rank(),
-                   tuple(range(len(tp_ranks))) if to == "every" else (0,), dist.get_backend(tp_group) == "gloo", geo)
-    pp = _Stages(parallel_state.get_pipeline_model_parallel_group(), parallel_state.get_pipeline_model_parallel_rank(),
-                 to, tp.me == 0)
     params = dict(named_global_params(model))
     owner = _stage_of_each_param(set(params))
     sample = next(iter(params.values()))
+    kept = _KEPT.setdefault(unwrap(model), {}) if sample.device.type == "cpu" else None
+    tp = _TPGather(tp_group, tp_ranks, parallel_state.get_tensor_model_parallel_rank(),
+                   tuple(range(len(tp_ranks))) if to == "every" else (0,), dist.get_backend(tp_group) == "gloo", geo,
+                   kept)
+    pp = _Stages(parallel_state.get_pipeline_model_parallel_group(), parallel_state.get_pipeline_model_parallel_rank(),
+                 to, tp.me == 0)
     in_flight = collections.deque()
     for index, (name, rule) in enumerate(export_rules(model, hf_config).items()):
         if not rule.exported:
