@@ -15,10 +15,13 @@ the value head is), so ``AutoModelForTokenClassification`` reproduces the critic
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 import os
 import shutil
 import types
+import weakref
 from typing import Iterator
 
 import torch
@@ -182,6 +185,129 @@ def _stage_of_each_param(local_names: set[str]) -> dict[str, int]:
 
 
 EXPORT_TO = ("first", "stage", "every")
+# On CPU, per model, the tensors a holder assembled in its last export, filled again by the next:
+# fresh memory page-faults at every sync, which costs about as much as the transfer on a CPU host
+# (the CUDA caching allocator already hands freed blocks back without that cost).
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Tensors whose TP gather is in flight while the consumer (a sender streaming them, a writer)
+# handles the one before: their transfer overlaps its work and the assembling of the one before.
+_LOOKAHEAD = 1
+
+
+@dataclasses.dataclass
+class _TPGather:
+    """This rank's side of one export's TP gathers: the group, which TP indices assemble full
+    tensors (`holders`), and how shards travel to them (`p2p`, see :func:`_post_gather`)."""
+
+    group: object
+    ranks: list[int]
+    me: int  # this rank's TP index
+    holders: tuple[int, ...]
+    p2p: bool
+    geo: mapping.Geometry
+    kept: dict | None  # on CPU, the assembled tensors of the last export (see export_hf)
+    scratch: dict = dataclasses.field(default_factory=dict)  # receive buffers of the layouts to_hf assembles
+    posted: int = 0  # gathers into scratch so far: consecutive ones take different slots
+
+    @property
+    def holds(self) -> bool:
+        return self.me in self.holders
+
+    def empty(self, key: tuple, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """An output tensor: the last export's of the same `key` where one is kept."""
+        if self.kept is None:
+            return like.new_empty(shape)
+        out = self.kept.get(key)
+        if out is None or out.shape != shape or out.dtype != like.dtype:
+            out = self.kept[key] = like.new_empty(shape)
+        return out
+
+    def buffers(self, like: torch.Tensor) -> list[torch.Tensor]:
+        """Receive buffers for one shard from each TP rank, reused from layer to layer (fresh pages
+        are slow to fault in): a set per tensor that can be in flight at once."""
+        slot, self.posted = self.posted % (_LOOKAHEAD + 1), self.posted + 1
+        key = (tuple(like.shape), like.dtype, slot)
+        if key not in self.scratch:
+            self.scratch[key] = [torch.empty_like(like) for _ in self.ranks]
+        return self.scratch[key]
+
+
+def _pieces(rule: mapping.Rule, shard: torch.Tensor) -> list[torch.Tensor]:
+    """The parts of a (contiguous) TP shard that each fill one block of rows of an HF tensor:
+    gate_up's gate and up halves, the whole shard otherwise."""
+    return list(shard.chunk(2, 0)) if rule.layout == "gate_up" else [shard]
+
+
+def _in_place(rule: mapping.Rule, shard: torch.Tensor, tp: _TPGather):
+    """For the layouts whose shards are blocks of rows of the HF tensors (vocab, gate_up): the
+    HF tensors, empty, and per TP rank the blocks its :func:`_pieces` fill, so shards land where
+    they belong with no copy after. None for qkv (rows interleave per query group) and row
+    (shards are column blocks): :func:`mapping.to_hf` assembles those."""
+    rows, tail, n = shard.shape[0], tuple(shard.shape[1:]), len(tp.ranks)
+    if rule.layout == "vocab":
+        padded = tp.empty((rule.megatron, 0), (rows * n, *tail), shard)
+        return [padded[: tp.geo.vocab]], [[padded[r * rows : (r + 1) * rows]] for r in range(n)]
+    if rule.layout == "gate_up":
+        half = rows // 2
+        gate, up = (tp.empty((rule.megatron, k), (half * n, *tail), shard) for k in range(2))
+        return [gate, up], [[gate[r * half : (r + 1) * half], up[r * half : (r + 1) * half]] for r in range(n)]
+    return None
+
+
+def _assemble(rule: mapping.Rule, shards: list[torch.Tensor], tp: _TPGather) -> list[torch.Tensor]:
+    """mapping.to_hf of the received shards, a row layout's into a kept tensor."""
+    if rule.layout == "row":
+        shape = (shards[0].shape[0], sum(s.shape[1] for s in shards), *shards[0].shape[2:])
+        return [torch.cat(shards, 1, out=tp.empty((rule.megatron, 0), shape, shards[0]))]
+    return mapping.to_hf(rule, shards, tp.geo)
+
+
+def _post_gather(rule: mapping.Rule, local: torch.Tensor, tp: _TPGather, index: int):
+    """Starts moving one parameter's TP shards to the holders, without waiting; the returned
+    call waits for them and returns the full HF tensors on a holder, None elsewhere. `index`:
+    the parameter's position in the export, the same on every rank.
+
+    Over gloo, shards go point to point into their final place (holders receive, the others
+    send; a holder's own shard is read where it is): gloo's gather and all-gather would stage
+    the whole tensor in a fresh flat buffer and copy out of it. Other backends (NCCL) gather
+    with the backend's own collective, into the same places."""
+    n = len(tp.ranks)
+    if n == 1 or rule.layout == "replicated":  # replicated: every rank has it
+        return lambda: mapping.to_hf(rule, [local], tp.geo) if tp.holds else None
+    local = local.contiguous()
+    pieces = _pieces(rule, local)
+    outputs, blocks = None, None
+    if tp.holds:
+        outputs, blocks = _in_place(rule, local, tp) or (None, None)
+        if blocks is None:
+            blocks = [[b] for b in tp.buffers(local)]
+            if tp.p2p:
+                blocks[tp.me] = [local]
+    works = []
+    for k, piece in enumerate(pieces):
+        column = [b[k] for b in blocks] if blocks else None
+        if tp.p2p:
+            tag = 2 * index + k  # gate_up's two halves (k) travel apart
+            if tp.holds:
+                works += [dist.irecv(column[r], src=tp.ranks[r], group=tp.group, tag=tag)
+                          for r in range(n) if r != tp.me]
+            works += [dist.isend(piece, dst=tp.ranks[h], group=tp.group, tag=tag) for h in tp.holders if h != tp.me]
+        elif len(tp.holders) == n:
+            works.append(dist.all_gather(column, piece, group=tp.group, async_op=True))
+        else:
+            works.append(dist.gather(piece, column, dst=tp.ranks[tp.holders[0]], group=tp.group, async_op=True))
+
+    def finish() -> list[torch.Tensor] | None:
+        if tp.p2p and outputs is not None:  # the own pieces into their blocks, while the others arrive
+            for block, piece in zip(blocks[tp.me], pieces):
+                block.copy_(piece)
+        for work in works:
+            work.wait()
+        if not tp.holds:
+            return None
+        return outputs if outputs is not None else _assemble(rule, [b[0] for b in blocks], tp)
+
+    return finish
 
 
 @torch.no_grad()
@@ -197,65 +323,70 @@ def export_hf(model, hf_config, to: str = "first") -> Iterator[tuple[str, torch.
     * ``every``: every rank, every tensor (TP shards all-gathered, other stages' tensors
       broadcast): each rank feeds the engine worker on its own GPU.
 
-    At TP=1 tensors can be views of the parameters: use them before the weights change."""
+    The TP gather of the next tensor is under way while the consumer handles one (see
+    :func:`_post_gather`). Use the tensors before the weights change and before the next
+    export: at TP=1 they can be views of the parameters, and on CPU a holder fills the same
+    tensors at every export (`_KEPT`)."""
     from megatron.core import parallel_state
 
     if to not in EXPORT_TO:
         raise ValueError(f"export_hf(to={to!r}): allowed {', '.join(EXPORT_TO)}")
     tp_group = parallel_state.get_tensor_model_parallel_group()
     tp_ranks = dist.get_process_group_ranks(tp_group)
-    first_in_tp = parallel_state.get_tensor_model_parallel_rank() == 0
-    pp_group = parallel_state.get_pipeline_model_parallel_group()
-    pp_ranks = dist.get_process_group_ranks(pp_group)
-    my_stage = parallel_state.get_pipeline_model_parallel_rank()
-    every = to == "every"
-    holder = every or first_in_tp  # assembles the full tensors of its stage
     geo = _geometry(hf_config, model)
     params = dict(named_global_params(model))
     owner = _stage_of_each_param(set(params))
     sample = next(iter(params.values()))
-    # Gather buffers by shard shape, reused from layer to layer (fresh pages are slow to fault
-    # in): at TP > 1, to_hf copies every gathered layout out of them.
-    scratch = {}
-    for name, rule in export_rules(model, hf_config).items():
+    kept = _KEPT.setdefault(unwrap(model), {}) if sample.device.type == "cpu" else None
+    tp = _TPGather(tp_group, tp_ranks, parallel_state.get_tensor_model_parallel_rank(),
+                   tuple(range(len(tp_ranks))) if to == "every" else (0,), dist.get_backend(tp_group) == "gloo", geo,
+                   kept)
+    pp = _Stages(parallel_state.get_pipeline_model_parallel_group(), parallel_state.get_pipeline_model_parallel_rank(),
+                 to, tp.me == 0)
+    in_flight = collections.deque()
+    for index, (name, rule) in enumerate(export_rules(model, hf_config).items()):
         if not rule.exported:
             continue
         if name not in owner:
             raise MappingError(f"{name}: held by no pipeline stage")
-        tensors = None
-        if owner[name] == my_stage:
-            local = params[name].detach()
-            shards = [local]
-            if len(tp_ranks) > 1 and rule.layout != "replicated":  # replicated: every rank has it
-                local = local.contiguous()
-                shards = None
-                if holder:
-                    key = (local.shape, local.dtype)
-                    if key not in scratch:
-                        scratch[key] = [torch.empty_like(local) for _ in tp_ranks]
-                    shards = scratch[key]
-                if every:
-                    dist.all_gather(shards, local, group=tp_group)
-                else:
-                    dist.gather(local, shards, dst=tp_ranks[0], group=tp_group)
-            if holder:
-                tensors = mapping.to_hf(rule, shards, geo)
-        if every and len(pp_ranks) > 1:
-            if owner[name] == my_stage:
-                tensors = [t.contiguous() for t in tensors]
-            else:
-                tensors = [torch.empty(_hf_shape(geo, h), dtype=sample.dtype, device=sample.device) for h in rule.hf]
+        mine = owner[name] == pp.me
+        in_flight.append((rule, owner[name], _post_gather(rule, params[name].detach(), tp, index) if mine else None))
+        if len(in_flight) > _LOOKAHEAD:
+            yield from pp.deliver(*in_flight.popleft(), geo, sample)
+    while in_flight:
+        yield from pp.deliver(*in_flight.popleft(), geo, sample)
+
+
+class _Stages:
+    """The pipeline-stage side of an export: which stage's tensors this rank yields, and the
+    sends or broadcasts that bring other stages' tensors to it."""
+
+    def __init__(self, group, me: int, to: str, first_in_tp: bool):
+        self.group, self.me, self.to, self.first_in_tp = group, me, to, first_in_tp
+        self.ranks = dist.get_process_group_ranks(group)
+
+    def deliver(self, rule: mapping.Rule, owner: int, gathered, geo: mapping.Geometry, sample: torch.Tensor):
+        """Finishes one parameter's TP gather (`gathered`: from :func:`_post_gather`, None on
+        other stages) and yields its HF tensors where `to` wants them."""
+        tensors = gathered() if gathered is not None else None
+        every = self.to == "every"
+
+        def empty():
+            return [torch.empty(_hf_shape(geo, h), dtype=sample.dtype, device=sample.device) for h in rule.hf]
+
+        if every and len(self.ranks) > 1:
+            tensors = [t.contiguous() for t in tensors] if owner == self.me else empty()
             for t in tensors:
-                dist.broadcast(t, src=pp_ranks[owner[name]], group=pp_group)
-        elif to == "first" and first_in_tp and owner[name] != 0:
-            if my_stage == owner[name]:
+                dist.broadcast(t, src=self.ranks[owner], group=self.group)
+        elif self.to == "first" and self.first_in_tp and owner != 0:
+            if self.me == owner:
                 for t in tensors:
-                    dist.send(t.contiguous(), dst=pp_ranks[0], group=pp_group)
-            elif my_stage == 0:
-                tensors = [torch.empty(_hf_shape(geo, h), dtype=sample.dtype, device=sample.device) for h in rule.hf]
+                    dist.send(t.contiguous(), dst=self.ranks[0], group=self.group)
+            elif self.me == 0:
+                tensors = empty()
                 for t in tensors:
-                    dist.recv(t, src=pp_ranks[owner[name]], group=pp_group)
-        if every or (first_in_tp and my_stage == (owner[name] if to == "stage" else 0)):
+                    dist.recv(t, src=self.ranks[owner], group=self.group)
+        if every or (self.first_in_tp and self.me == (owner if self.to == "stage" else 0)):
             yield from zip(rule.hf, tensors)
 
 
