@@ -10,8 +10,8 @@ of the NCCL communicators those processes hold, and a fraction for allocator fra
 replace the 5% of a decimal 80 GB that the plan used to keep back as one lump: that lump sat on a
 capacity 4.9 GB short of the card's (79.11 GiB = 84.9 GB) and stayed the same however many
 processes and communicators shared the GPU.
-Each node's host memory (sleep backing, offloaded trainer state, rollback snapshots, sync staging)
-is planned against ``host_mem_gb`` the same way.
+Each node's host memory (the engines' start-up sleep backing, offloaded trainer state, sync
+staging) is planned against ``host_mem_gb`` the same way.
 
 What each trainer role and engine holds, and the formulas for it: :mod:`agentgym_mega.memory_formulas`.
 
@@ -290,9 +290,8 @@ def _host(a: Arch, lay: Layout, tokens: int, engine: dict) -> dict:
         stages = [min(gpu // (lay.tp * lay.dp), lay.pp - 1) for gpu in gpus if gpu < lay.world_size]
         workers = sum(lay.engine_first_gpu <= gpu < lay.engine_first_gpu + lay.engine_gpus for gpu in gpus)
         nodes.append({
-            "sleep_backing": workers * engine["weights"],
+            "sleep_backing": workers * engine["weights"] if lay.offload else 0,
             "trainer_offload": sum(offloaded[0 if s < lay.pp - 1 else s] for s in stages),
-            "rollback_snapshots": workers * engine["weights"],
             "sync_staging": mr.zmq_staging(int(node == 0), workers, lay.bucket_bytes,
                                            loading_bytes(a, lay.engine_dtype_bytes)) if zmq else 0,
         })

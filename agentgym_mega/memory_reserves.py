@@ -29,16 +29,21 @@ where the lump did not:
 
 Host memory (bytes, per node)
 -----------------------------
-Pinned blocks stay in torch's host caching allocator once freed, so what each process pins at any
-point stays resident: the terms add up.
+Pinned blocks stay in torch's host caching allocator once freed (until ``torch._C._host_emptyCache``
+of CUDA builds, which neither vLLM nor this repo calls), so what each process pins at any point
+stays resident: the terms add up.
 
-* ``sleep_backing``: vLLM's level-1 sleep copies each engine worker's weights (its TP shard) to
-  pinned host memory and discards the KV cache; the engines sleep every training phase.
+* ``sleep_backing``: with offload the engines sleep at vLLM's level 1 once, at start-up, while the
+  trainer roles load (stack.py): vLLM 0.32's ``CuMemAllocator.sleep`` copies each engine worker's
+  weights pool (its TP shard) into a ``torch.empty(..., pin_memory=True)`` tensor, and ``wake_up``
+  only drops that tensor, which hands the pinned block back to torch's host cache, not to the OS:
+  it stays resident for the engine's life, so the plan counts it in every phase. During steps the
+  engines sleep at level 2 (trainer.py): the weights are discarded and only the model's buffers
+  (rotary caches: tens of MB at most, pageable) are copied, which the plan leaves out. Without offload no
+  engine ever sleeps at level 1 and the term is 0.
 * ``trainer_offload``: with offload on (models/offload.py), each trainer rank copies to pinned
   host memory every trainable role's parameters, fp32 main parameters and Adam moments (its 1/dp
   share) and the reference policy's parameters; gradient buffers are discarded, not copied.
-* ``rollback_snapshots``: every engine worker copies the weights it serves to host memory before
-  each update (weight_sync/vllm_loader.py ``_snapshot``), to put them back if the update fails.
 * ``sync_staging``: over ZMQ (tcp/ipc) the sender (trainer rank 0, node 0) packs two buckets of
   ``weight_sync.bucket_mb`` in host memory (one being filled while one is on the wire), and each
   engine worker receives into a bucket plus the whole tensors of the layer it is loading (vLLM

@@ -26,7 +26,7 @@ def add(sub) -> None:
             "the loop (start-up/resume, rollout, training, weight sync) for the colocated or split\n"
             "placement, against --gpu-mem-gib less each GPU's reserves (a CUDA context per process,\n"
             "NCCL communicator buffers, --fragmentation-reserve), and each node's host memory (vLLM's\n"
-            "sleep backing, offloaded trainer state, rollback snapshots, sync staging) against\n"
+            "start-up sleep backing, offloaded trainer state, sync staging) against\n"
             "--host-mem-gb. Bytes are decimal GB (1e9) but for --gpu-mem-gib (2**30, as CUDA reports).\n"
             "A layout that does not fit, or that megatron or vLLM refuses, exits 2 with the reason and\n"
             "up to 3 nearest layouts that fit, as overrides to paste. The model of memory is in\n"

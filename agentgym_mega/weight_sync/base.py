@@ -18,7 +18,9 @@ FIRST, STAGE, EVERY = "first", "stage", "every"
 
 
 class SyncError(RuntimeError):
-    """A weight sync that did not complete; the engine keeps serving its previous weights."""
+    """A weight sync that did not complete. An engine that failed before any tensor reached its
+    model still serves its version; one that failed after is dirty (it refuses to generate) until
+    a re-send commits: no copy of the previous weights is kept."""
 
 
 @dataclasses.dataclass
@@ -52,7 +54,8 @@ class WeightSynchronizer(abc.ABC):
         """Delivers one complete version of the weights (Hugging Face names, full tensors) to
         every engine and drains this rank's part of the export. Returns transfer statistics on
         global rank 0 (None elsewhere); raises SyncError if any engine did not take the update,
-        in which case that engine still serves its previous version."""
+        in which case that engine serves its previous version if no tensor reached its model, and
+        is dirty (refuses to generate until a re-send commits) otherwise."""
 
     def close(self) -> None:
         """Releases the transport's sockets or groups."""

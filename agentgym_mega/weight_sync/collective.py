@@ -28,9 +28,11 @@ Stream, per stage group, every message from rank 0 (a length, then that many byt
     COMMIT {version, stage, tensors, bytes, proof: HMAC(secret, group id, stage, version)}
 
 then a vote: an all-reduce (MIN) of every member's verdict, 1 when every tensor of every stage
-arrived and loaded. A receiver keeps the new weights only when the vote is 1, so either every
-engine in the group takes the version or none does; an error, a dead member (its peers' sends
-and receives fail) or a 0 rolls every receiver back. A group that saw a failure is not reused.
+arrived and loaded. A receiver commits the new version only when the vote is 1, so either every
+engine in the group commits it or none does; after an error, a dead member (its peers' sends and
+receives fail) or a 0, no engine serves the version: one that loaded tensors is dirty (refuses
+to generate until a re-send commits), one that loaded none still serves its previous version.
+A group that saw a failure is not reused.
 """
 
 from __future__ import annotations
@@ -221,7 +223,7 @@ class CollectiveSender:
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
              progress: Callable[[int, int], None] | None = None) -> SyncStats:
         """Streams this stage's tensors, commits, and returns once every member voted; raises
-        SyncError (and every receiver keeps its previous weights) if any did not take them."""
+        SyncError (and no receiver commits the version) if any did not take them."""
         start = time.perf_counter()
         source = [0.0]
         named_tensors = timed(named_tensors, source)
@@ -251,14 +253,14 @@ class CollectiveSender:
                                                             version)})
         if not self.link.vote(True):
             raise SyncError(f"version {version} not taken: an engine worker failed or left during the sync "
-                            f"(stage {self.stage}); every engine of the group keeps its previous weights")
+                            f"(stage {self.stage}); no engine of the group commits it")
         return SyncStats(version, count, params, sent, buckets, self.spec.world - 1, time.perf_counter() - start,
                          source[0])
 
 
     def _abort(self, exc: Exception) -> None:
-        """The tensors stopped coming (a failed gather, say): tells the receivers, so they roll
-        back now rather than at their timeout. Best effort: the link may be what failed."""
+        """The tensors stopped coming (a failed gather, say): tells the receivers, so they give
+        up the version now rather than at their timeout. Best effort: the link may be what failed."""
         try:
             self.link.send_header({"op": "ABORT", "message": f"{type(exc).__name__}: {exc}"[:1000]})
             self.link.vote(False)
@@ -402,7 +404,8 @@ class CollectiveReceiver:
 
     def vote(self, loaded: bool) -> bool:
         """Every member's verdict, on every stage group: True only when the whole version
-        arrived and loaded everywhere. False means: roll back to the previous weights."""
+        arrived and loaded everywhere. False means: the version is not committed, and an engine
+        that loaded any of it is dirty until a re-send commits."""
         ok = loaded and self._received_ok
         results = [link.vote(ok) for link in self.links]
         return all(results)

@@ -62,10 +62,7 @@ class ZmqWeightReceiver:
 
     def _recv_header(self) -> dict:
         if not self._sock.poll(self.timeout_ms):
-            raise SyncError(
-                f"weight stream from {self.address} stalled for {self.timeout_ms / 1000:.0f}s; "
-                "keeping the previous weights"
-            )
+            raise SyncError(f"weight stream from {self.address} stalled for {self.timeout_ms / 1000:.0f}s")
         frame = self._sock.recv()
         try:
             header = json.loads(frame)
@@ -74,8 +71,7 @@ class ZmqWeightReceiver:
         if not isinstance(header, dict):
             raise SyncError(f"malformed weight stream: expected a header, got {len(frame)} bytes")
         if header.get("op") == "ERROR":
-            raise SyncError(f"the trainer at {self.address} refused or ended the sync: {header.get('message')}; "
-                            "keeping the previous weights")
+            raise SyncError(f"the trainer at {self.address} refused or ended the sync: {header.get('message')}")
         return header
 
     def _more(self, what: str) -> None:
@@ -158,8 +154,7 @@ class ZmqWeightReceiver:
                     if not self.handles_allowed:
                         raise SyncError(
                             f"refusing a CUDA IPC HANDLE frame over {scheme(self.address)}:// (from {self.address}): "
-                            "handles are pickles and are accepted only from an ipc:// socket file on this node; "
-                            "keeping the previous weights")
+                            "handles are pickles and are accepted only from an ipc:// socket file on this node")
                     slot = int(message["slot"])
                     self._more("a CUDA IPC handle")
                     source = load_handle(self._sock.recv(), TensorSpec(f"bucket slot {slot}", "uint8",
@@ -185,8 +180,7 @@ class ZmqWeightReceiver:
             order.update((spec.name, index) for index, spec in specs.items())
         got = message.get("version")
         if version is not None and got != version:
-            raise SyncError(f"the trainer committed version {got}, this engine expects version {version}; "
-                            "keeping the previous weights")
+            raise SyncError(f"the trainer committed version {got}, this engine expects version {version}")
         if len(specs) != message.get("tensors") or partial:
             raise SyncError(f"version {got} incomplete: got {len(specs)} of {message.get('tensors')} tensors"
                             + (f", {specs[next(iter(partial))].name} short" if partial else ""))

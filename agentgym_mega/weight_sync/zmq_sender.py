@@ -210,7 +210,7 @@ class ZmqWeightSender:
                 self._sock.send_multipart([peer, json_message("COMMIT", version=version, tensors=count, bytes=sent)])
         except zmq.ZMQError as exc:
             self._abort(peers, f"the trainer stopped sending version {version}")
-            raise SyncError(f"sending version {version} failed ({exc}); engines keep their previous weights") from None
+            raise SyncError(f"sending version {version} failed ({exc}); no engine commits it") from None
         except BaseException:
             self._abort(peers, f"the trainer stopped sending version {version}")
             raise

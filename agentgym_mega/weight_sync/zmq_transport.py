@@ -12,8 +12,10 @@ Protocol (trainer = ROUTER, bound; each engine worker = DEALER, connected):
     trainer -> COMMIT  {version, tensors, bytes}
     engine  -> ACK     {version} | ERROR {message}
 
-An update is all-or-nothing: the loader keeps a snapshot of what it serves and puts it back
-unless the stream ends in a COMMIT that matches what arrived (see vllm_loader). The trainer
+An engine serves a version only once the stream ends in a COMMIT that matches what arrived (see
+vllm_loader), so it never serves a mix of versions. No copy of the previous weights is kept: an
+update that fails before any tensor reached the model leaves the engine serving its version, one
+that fails after leaves it dirty (it refuses to generate) until a re-send commits. The trainer
 checks that every ACK names the version it sent. The trainer streams only to peers that proved
 they hold the run's secret, and an engine reads no weights from a trainer that did not prove it
 (a process that took over the address). The handshake authenticates the ends of a connection;
