@@ -380,7 +380,7 @@ class WeightSyncConfig:
     bucket_mb: StrictInt = 256
     """One bucket of weights: one ZMQ message; a collective member's two buffers, a CUDA IPC ring's 3 slots."""
     timeout_s: float = 600.0
-    """A stream that stalls this long ends the sync; old weights keep serving."""
+    """A stream or an engine that stalls this long ends the sync; an engine that took part of it waits for a re-send."""
     on_engine_failure: Literal["drop", "stop"] = "drop"
     """An engine still without the new weights after one retry, or dead: `drop` takes it out of
     rotation (sync/engines_dropped), `stop` ends the run naming it. No engine serves stale weights."""

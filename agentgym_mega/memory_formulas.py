@@ -50,7 +50,7 @@ Engines (vLLM): each claims ``gpu_memory_utilization`` of every GPU it runs on. 
 weights (all parameters in the engine dtype / engine_tp), ``ENGINE_OVERHEAD`` (2 GB: the profiled
 activation peak, the sampler, CUDA graphs) and the KV cache, the rest: 2 * layers * kv heads per
 GPU * head_dim elements per token. An engine whose cache cannot hold one ``rollout.max_model_len``
-sequence does not start. Asleep (vLLM sleep level 1) it keeps only the overhead.
+sequence does not start. Asleep (vLLM sleep, either level) it keeps only the overhead.
 """
 
 from __future__ import annotations

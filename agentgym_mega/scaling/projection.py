@@ -28,7 +28,8 @@ Per step, for S = batch_size x n_per_task episodes of L tokens, G of them genera
   device copy); the collective for engines on GPUs of their own (each PP stage's share over one
   network link, the broadcast sending each byte once, after its TP gather).
 * offload (colocated, cluster.offload on): each trainer role's parameters and optimizer state
-  to host memory and back, and the engines' weights (vLLM sleep level 1) the same, over PCIe.
+  to host memory and back over PCIe; the engines sleep at level 2 during steps (the sync rewrites
+  their weights), so their weights are not copied.
 
 Not modelled: env servers' CPU limits, stragglers, load imbalance between episodes, the engines'
 load after the bytes arrive, start-up, checkpoints and evaluation.
@@ -134,8 +135,7 @@ def estimate(cfg: Config, hf: dict, nodes: int, hw: Hardware, work: Workload, gp
     if lay.offload:
         gpu0 = plan["gpus"][0]["roles"]
         kept = sum(r["params"] + r["optimizer"] for name, r in gpu0.items() if name != "engine")
-        engine_weights = engine["weights"] if lay.placement == "colocated" else 0
-        offload = 2 * (kept + engine_weights) / (hw.pcie_gbps * 1e9)
+        offload = 2 * kept / (hw.pcie_gbps * 1e9)
 
     seconds = {"rollout": sum(rollout.values()), "logprob": logprob, "train": sum(train.values()), "sync": sync,
                "offload": offload}
