@@ -70,7 +70,7 @@ from agentgym_mega.memory_formulas import (
     total_params,
     trainer_state,
 )
-from agentgym_mega.weight_sync import SyncError, SyncLayout, choose_transport, planned_layout
+from agentgym_mega.weight_sync import SyncError, choose_transport, planned_layout
 
 PHASES = ("startup", "rollout", "training", "weight_sync")
 PHASE_NAMES = {"startup": "start-up / resume", "rollout": "rollout", "training": "training",
@@ -184,12 +184,6 @@ class Layout:
         return share * self.max_model_len, (
             f"trainer.micro_batch_size and trainer.max_tokens_per_gpu are null: a micro-batch is a rank's "
             f"whole slice of the batch ({share} sequences of up to {self.max_model_len} tokens); set one")
-
-    def sync_layout(self) -> SyncLayout:
-        """Where the run's processes sit (weight_sync.planned_layout): colocated engines fill trainer
-        GPUs from 0, split engines the GPUs after the trainer's."""
-        return planned_layout(self.world_size, self.pp, self.num_engines, self.engine_tp,
-                              self.placement == "colocated", self.gpus_per_node)
 
     def sync_transport(self) -> str:
         """weight_sync.transport resolved by the trainer's own rule (weight_sync.choose_transport)

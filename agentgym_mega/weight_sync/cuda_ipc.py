@@ -75,20 +75,21 @@ class CudaIpcWeightSynchronizer(WeightSynchronizer):
         return f"ipc://{os.path.join(self.directory, UUID_FIELD)}.sock"
 
     def _pair(self, engines: Sequence) -> None:
-        """Every rank's device, every engine worker's (asked by rank 0), and this rank's share."""
+        """Every rank's device, every engine worker's (asked by rank 0, which pairs them and tells
+        every rank its share)."""
         gpus = gather_json(device_id(), self.group)
-        devices, error = None, None
+        counts, error = None, None
         if dist.get_rank(self.group) == 0:
             try:
                 devices = engine_devices(engines, self.timeout_s)
-                feeds(gpus, [d for each in devices for d in each], len(devices[0]) if devices else 1, self._cuda)
+                counts = feeds(gpus, [d for each in devices for d in each], len(devices[0]) if devices else 1,
+                               self._cuda)
             except Exception as exc:  # noqa: BLE001 - raised on every rank below
                 error = f"{type(exc).__name__}: {exc}"
-        devices, error = gather_json((devices, error), self.group)[0]
+        counts, error = gather_json((counts, error), self.group)[0]
         if error is not None:
             raise SyncError(f"CUDA IPC pairing failed: {error}")
-        workers = [d for each in devices for d in each]
-        self._receivers = feeds(gpus, workers, len(devices[0]) if devices else 1, self._cuda)[dist.get_rank(self.group)]
+        self._receivers = counts[dist.get_rank(self.group)]
         if self._sender is not None:
             self._sender.close()
             self._sender = None
