@@ -14,6 +14,8 @@ agm_die() { echo "[$(date '+%F %T')] error: $*" >&2; exit 1; }
 : "${RUNTIME_ENV_AGENT_PORT:=6382}" "${DASHBOARD_AGENT_GRPC_PORT:=6383}" "${METRICS_EXPORT_PORT:=6384}"
 : "${DASHBOARD_AGENT_LISTEN_PORT:=52365}" "${MIN_WORKER_PORT:=10002}" "${MAX_WORKER_PORT:=19999}"
 : "${NOFILE_LIMIT:=65536}"  # Ray holds a socket per worker and object: Linux's usual 1024 runs out
+: "${MEMLOCK_LIMIT:=unlimited}"  # NCCL over InfiniBand registers (locks) its buffers
+export NOFILE_LIMIT MEMLOCK_LIMIT
 
 # `ray start` flags for the node-local ports (a 0 port is left out: Ray picks one).
 agm_ray_port_args() {
@@ -35,7 +37,7 @@ agm_count_indices() {
     local item count=0
     local -a items
     IFS=, read -ra items <<< "$1"
-    for item in "${items[@]}"; do
+    for item in ${items[@]+"${items[@]}"}; do
         if [[ $item =~ ^([0-9]+)-([0-9]+)$ ]]; then
             count=$((count + BASH_REMATCH[2] - BASH_REMATCH[1] + 1))
         elif [[ $item =~ ^[0-9]+$ ]]; then
@@ -52,7 +54,7 @@ agm_count_gres() {
     local item count=0
     local -a items
     IFS=, read -ra items <<< "$1"
-    for item in "${items[@]}"; do
+    for item in ${items[@]+"${items[@]}"}; do
         item=${item#gres/}
         item=${item%%(*}
         [[ $item == gpu || $item == gpu:* ]] || continue
@@ -105,18 +107,32 @@ agm_log_dir() {
     mkdir -p "$AGM_LOG_DIR"
 }
 
-# A step of this job on one node, in AGM_STEP: srun, in CONTAINER_IMAGE when set (a .sif runs
-# through Apptainer, anything else through pyxis: a squashfs file or an image reference), with
-# the open-files limit raised inside the step too (sites need not propagate it). Run it as
+# A step of this job on one node, in AGM_STEP:
+#
+#   agm_step NODE [SRUN_OPTION...] -- [--ray-logs DIR] COMMAND...
+#
+# srun with the options given (each caller names the CPUs, memory and GPUs its step needs: srun
+# 22.05-23.02 ignores SLURM_CPUS_PER_TASK, so a step that names none runs on one core), in
+# CONTAINER_IMAGE when set (a .sif runs through Apptainer, anything else through pyxis: a squashfs
+# file or an image reference), through slurm/step.sh (the limits; a Ray node's logs). Run it as
 # `"${AGM_STEP[@]}" &` to have srun's own pid in $!, which is what signals must reach.
 # AGM_HET_GROUP[node]: the hetjob component a node belongs to, when it is not the first.
 declare -gA AGM_HET_GROUP=()
 agm_step() {
     local node=$1
     shift
-    AGM_STEP=(srun --overlap --nodes=1 --ntasks=1 -w "$node")
+    AGM_STEP=(srun --nodes=1 --ntasks=1 -w "$node")
     [[ -z ${AGM_HET_GROUP[$node]:-} ]] || AGM_STEP+=("--het-group=${AGM_HET_GROUP[$node]}")
-    local -a inner=()
+    while [[ $1 != -- ]]; do
+        AGM_STEP+=("$1")
+        shift
+    done
+    shift
+    local -a wrapper=(bash "$PWD/slurm/step.sh") inner=()
+    if [[ $1 == --ray-logs ]]; then
+        wrapper+=("$1" "$2")
+        shift 2
+    fi
     if [[ -n ${CONTAINER_IMAGE:-} ]]; then
         if [[ $CONTAINER_IMAGE == *.sif ]]; then
             inner=(apptainer exec --pwd "$PWD" --bind "$PWD${CONTAINER_MOUNTS:+,$CONTAINER_MOUNTS}")
@@ -128,15 +144,55 @@ agm_step() {
                 "--container-mounts=$PWD:$PWD${CONTAINER_MOUNTS:+,$CONTAINER_MOUNTS}" "--container-workdir=$PWD")
         fi
     fi
-    # shellcheck disable=SC2016  # expanded by the step's own bash
-    AGM_STEP+=(bash -c 'ulimit -n "$1" 2> /dev/null || ulimit -n "$(ulimit -Hn)"; shift; exec "$@"'
-        _ "$NOFILE_LIMIT" "${inner[@]}" "$@")
+    AGM_STEP+=("${wrapper[@]}" ${inner[@]+"${inner[@]}"} "$@")
 }
 
-# Runs a step on a node in the foreground.
+# A short command on a node, in the foreground, beside whatever runs there (--overlap: it shares
+# the CPUs, memory and GPUs of the node's other steps; one CPU is all it needs).
 agm_on_node() {
-    agm_step "$@"
+    local node=$1
+    shift
+    agm_step "$node" --overlap --cpus-per-task=1 -- "$@"
     "${AGM_STEP[@]}"
+}
+
+# The network interface the job's traffic uses (AGM_IFACE) and its IPv4 address on NODE
+# (AGM_NODE_IP). NETWORK_INTERFACE names it; by default ib0 (IPoIB) where it has an address, else
+# the interface of the default route. Not `hostname --ip-address`, which can return 127.0.1.1, an
+# IPv6 address or the management network's address, where other nodes cannot reach Ray.
+agm_node_address() {
+    local node=$1 found
+    # shellcheck disable=SC2016  # expanded on the node
+    found=$(agm_on_node "$node" bash -c 'iface=$1
+        if [[ -z $iface ]]; then
+            if [[ -n $(ip -4 -o addr show dev ib0 2> /dev/null) ]]; then
+                iface=ib0
+            else
+                iface=$(ip -4 -o route show default | awk "{print \$5; exit}")
+            fi
+        fi
+        [[ -n $iface ]] || { echo "no default route: set NETWORK_INTERFACE" >&2; exit 1; }
+        ip=$(ip -4 -o addr show dev "$iface" 2> /dev/null | awk "{split(\$4, a, \"/\"); print a[1]; exit}")
+        [[ -n $ip ]] || { echo "interface $iface has no IPv4 address on $(hostname)" >&2; exit 1; }
+        echo "$iface $ip"' _ "${NETWORK_INTERFACE:-}") || agm_die "no address to use on $node (NETWORK_INTERFACE=${NETWORK_INTERFACE:-})"
+    # shellcheck disable=SC2034  # AGM_NODE_IP: read by the scripts that source this file
+    read -r AGM_IFACE AGM_NODE_IP <<< "$found"
+}
+
+# NCCL and gloo use the interface Ray's addresses are on (megatron builds gloo groups too, and gloo
+# would otherwise use the address the hostname resolves to); a site's own choice wins.
+agm_export_interface() {
+    export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$AGM_IFACE}
+    export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$AGM_IFACE}
+}
+
+# Ray's files, per job: /tmp/ray is another user's on a shared node, and a job's own directory is
+# where each node's step finds the logs it copies. Ray's socket paths (RAY_TMPDIR/ray/session_<date
+# and pid>/sockets/plasma_store, 69 bytes more with a 7-digit pid) must fit Linux's 107 bytes.
+agm_ray_tmpdir() {
+    export RAY_TMPDIR=${RAY_TMPDIR:-/tmp/ray-${SLURM_JOB_ID:-local}}
+    [[ ${#RAY_TMPDIR} -le 38 ]] || agm_die "RAY_TMPDIR=$RAY_TMPDIR: over 38 characters, Ray's socket paths" \
+        "would pass Linux's 107-byte limit; choose a shorter directory"
 }
 
 # Background steps that must live as long as the job's work: their pids and their nodes.
@@ -173,7 +229,7 @@ agm_end_steps() {
 
 # Ends the watched steps (a blocking `ray start` stops Ray on its node when its step ends).
 agm_stop_steps() {
-    agm_end_steps "${AGM_STEPS[@]}"
+    agm_end_steps ${AGM_STEPS[@]+"${AGM_STEPS[@]}"}
     AGM_STEPS=()
     AGM_STEP_NODES=()
 }

@@ -15,11 +15,15 @@
 #   sbatch slurm/train_scalinginter.sh babyai "$(cat logs/<job id>/env_servers.yaml)"
 #
 # A server that exits is restarted on its port (ENV_MAX_RESTARTS times, 3 by default: then the
-# fleet ends, naming it). Through CONTAINER_IMAGE like the training script; see slurm/README.md.
+# fleet ends, naming it). Each server's step has its own --cpus-per-task cores (--exact) and, when
+# Slurm says how much memory the job has per node, its share of it. Through CONTAINER_IMAGE like the
+# training script; see slurm/README.md.
 #SBATCH --job-name=agentgym-env-servers
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=4
 #SBATCH --cpus-per-task=4
+#SBATCH --exclusive
+#SBATCH --mem=0
 #SBATCH --time=48:00:00
 #SBATCH --output=slurm-%x-%j.out
 set -euo pipefail
@@ -32,6 +36,9 @@ env_name=${1:?usage: sbatch slurm/env_servers.sh babyai|textcraft|sciworld|deeps
 server_args=("${@:2}")
 per_node=${SLURM_NTASKS_PER_NODE:-1}
 per_node=${per_node%%(*}  # "4(x2)" -> 4
+server_cpus=${SLURM_CPUS_PER_TASK:-1}
+server_mem=()  # SLURM_MEM_PER_NODE is in MB
+[[ ${SLURM_MEM_PER_NODE:-0} -gt 0 ]] && server_mem=("--mem=$((SLURM_MEM_PER_NODE / per_node))M")
 base_port=${ENV_BASE_PORT:-36001}
 max_restarts=${ENV_MAX_RESTARTS:-3}
 agm_log_dir
@@ -46,20 +53,23 @@ server_node=() server_ip=() server_port=() server_pid=() server_restarts=()
 start_server() {
     local i=$1
     # Servers sharing a node split its memory: each caps its instances at its share.
-    agm_step "${server_node[$i]}" agentgym-mega env-server --env "$env_name" --host "${server_ip[$i]}" \
-        --port "${server_port[$i]}" --secret-file "$secret_file" --memory-share "$(python3 -c "print(0.9 / $per_node)")" "${server_args[@]}"
+    agm_step "${server_node[$i]}" --exact --cpus-per-task="$server_cpus" ${server_mem[@]+"${server_mem[@]}"} -- \
+        agentgym-mega env-server --env "$env_name" --host "${server_ip[$i]}" \
+        --port "${server_port[$i]}" --secret-file "$secret_file" --memory-share "$(python3 -c "print(0.9 / $per_node)")" \
+        ${server_args[@]+"${server_args[@]}"}
     "${AGM_STEP[@]}" &
     server_pid[i]=$!
 }
 stop_servers() {
-    agm_end_steps "${server_pid[@]}"
+    agm_end_steps ${server_pid[@]+"${server_pid[@]}"}
 }
 trap stop_servers EXIT
 trap 'exit 143' TERM INT
 
 urls=()
 for node in "${nodes[@]}"; do
-    ip=$(agm_on_node "$node" hostname --ip-address | awk '{print $1}')
+    agm_node_address "$node"
+    ip=$AGM_NODE_IP
     for ((k = 0; k < per_node; k++)); do
         i=${#server_node[@]}
         server_node[i]=$node
