@@ -4,6 +4,7 @@ so the scripts' own Ray bring-up (a head and nodes joining it, all on this machi
 training, signals, requeue, resume and teardown really run. sbatch's directives and separate
 machines are left to a real cluster."""
 
+import contextlib
 import json
 import os
 import random
@@ -25,14 +26,38 @@ from tests.conftest import REPO, TINY_TEXTCRAFT, assert_finite_losses, run_cli
 pytestmark = pytest.mark.slow
 
 SLURM = os.path.join(REPO, "slurm")
-SRUN = """#!/bin/bash
-# srun stand-in: drop the step options, run the command on this machine. A step of a ray start on
-# $SRUN_FAIL_NODE fails at once, as on a node that is down.
+# The options a real srun takes that the scripts use; any other is refused, so a typo or an option
+# srun does not know fails here as it would on a cluster.
+SRUN_OPTIONS = {"--nodes", "--ntasks", "-w", "--het-group", "--cpus-per-task", "--mem", "--gres", "--overlap",
+                "--exact", "--container-image", "--container-name", "--container-mounts", "--container-workdir"}
+# What a step's environment must carry to every node, recorded with each step.
+STEP_ENV = ("RAY_TMPDIR", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "MEMLOCK_LIMIT",
+            "NOFILE_LIMIT", "AGM_STOP_LEAD_S", "AGM_WORK_ENDED", "RAY_ADDRESS")
+SRUN = f"""#!/bin/bash
+# srun stand-in: records the step (pid, options, command, the environment it hands on) as a JSON
+# line in $SRUN_LOG, then runs the command on this machine. Strict where srun's versions differ: a
+# step without --cpus-per-task is refused (srun 22.05-23.02 ignores SLURM_CPUS_PER_TASK), as is an
+# option srun does not take. A step of a ray start on $SRUN_FAIL_NODE fails at once, as on a node
+# that is down; one whose command matches $SRUN_HOLD waits before running it (a slow start).
 node=
+options=()
 while [[ $# -gt 0 && $1 == -* ]]; do
-    case $1 in -w) node=$2; shift 2 ;; *) shift ;; esac
+    case $1 in -w) node=$2; options+=("-w=$2"); shift 2 ;; *) options+=("$1"); shift ;; esac
 done
+{sys.executable} - "$$" "$node" "${{#options[@]}}" "${{options[@]}}" "$@" <<'PY' || exit 2
+import json, os, sys
+pid, node, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+options, command = sys.argv[4:4 + count], sys.argv[4 + count:]
+names = {{o.split("=", 1)[0] for o in options}}
+unknown = names - set({sorted(SRUN_OPTIONS)!r})
+if unknown or "--cpus-per-task" not in names:
+    sys.exit(f"srun: refused {{options}}: unknown {{sorted(unknown)}}, or no --cpus-per-task")
+env = {{k: os.environ[k] for k in {STEP_ENV!r} if k in os.environ}}
+with open(os.environ["SRUN_LOG"], "a") as f:
+    f.write(json.dumps({{"pid": int(pid), "node": node, "options": options, "command": command, "env": env}}) + "\\n")
+PY
 [[ -n $SRUN_FAIL_NODE && $node == "$SRUN_FAIL_NODE" && "$*" == *"ray start"* ]] && exit 3
+[[ -n $SRUN_HOLD && "$*" == *$SRUN_HOLD* ]] && sleep 60
 exec "$@"
 """
 SCONTROL = """#!/bin/bash
@@ -42,9 +67,11 @@ case $1 in
 esac
 """
 SBATCH = """#!/bin/bash
-# sbatch --wait stand-in: runs the batch script here, now, as job 4300+ on nodes node-1..node-N.
+# sbatch --wait stand-in: records its options in $SBATCH_LOG, then runs the batch script here, now,
+# as job 4300+ on nodes node-1..node-N.
 nodes=1 output=slurm-%j.out
 while [[ $# -gt 0 && $1 == -* ]]; do
+    echo "$1" >> "$SBATCH_LOG"
     case $1 in --nodes=*) nodes=${1#*=} ;; --output=*) output=${1#*=} ;; esac
     shift
 done
@@ -60,7 +87,8 @@ NODE_PORTS = ("NODE_MANAGER_PORT", "OBJECT_MANAGER_PORT", "RUNTIME_ENV_AGENT_POR
 def slurm_env(tmp_path):
     """The environment of a job on nodes node-a and node-b (GPUs given --gres style), with this
     test's own Ray (a short temp dir: Ray's socket paths have a length limit) and log directory.
-    Several "nodes" share this host: their own ports are left to Ray (0)."""
+    Several "nodes" share this host: their own ports are left to Ray (0), and the network interface
+    is loopback. Steps are recorded in tmp_path/srun.jsonl (see steps())."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in (("srun", SRUN), ("scontrol", SCONTROL), ("sbatch", SBATCH)):
@@ -70,9 +98,11 @@ def slurm_env(tmp_path):
     env = dict(os.environ, PATH=f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
                SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="node-a,node-b", SLURM_JOB_GPUS="0,1",
                SLURM_CPUS_PER_TASK="2", GCS_PORT=str(fixed_port()), RAY_TMPDIR=ray_dir,
-               LOG_DIR=str(tmp_path / "logs"), SCONTROL_LOG=str(tmp_path / "scontrol.log"), RAY_START_TIMEOUT="180")
+               LOG_DIR=str(tmp_path / "logs"), SCONTROL_LOG=str(tmp_path / "scontrol.log"), RAY_START_TIMEOUT="180",
+               SRUN_LOG=str(tmp_path / "srun.jsonl"), SBATCH_LOG=str(tmp_path / "sbatch.log"),
+               NETWORK_INTERFACE="lo", NCCL_IB_HCA="mlx5_0,mlx5_1", OBJECT_STORE_GB="1")
     env |= {name: "0" for name in NODE_PORTS}
-    for name in ("RAY_ADDRESS", "SLURM_SUBMIT_DIR", "SLURM_RESTART_COUNT"):
+    for name in ("RAY_ADDRESS", "SLURM_SUBMIT_DIR", "SLURM_RESTART_COUNT", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         env.pop(name, None)
     yield env
     left = subprocess.run(["pgrep", "-f", ray_dir], capture_output=True, text=True).stdout.split()
@@ -82,34 +112,76 @@ def slurm_env(tmp_path):
     assert not left, f"Ray processes left running: {left}"
 
 
+def steps(tmp_path) -> list[dict]:
+    """The steps srun was asked for, in order: pid, node, options, command and environment."""
+    path = tmp_path / "srun.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def step_of(recorded: list[dict], *words: str, node: str | None = None) -> dict:
+    """The one recorded step whose command holds each of `words` (and runs on `node`)."""
+    found = [s for s in recorded if all(w in " ".join(s["command"]) for w in words) and node in (None, s["node"])]
+    assert len(found) == 1, f"{len(found)} steps run {words} on {node}: {[s['command'] for s in recorded]}"
+    return found[0]
+
+
+def assert_ray_node_step(step: dict, cpus: int, gpus: int, logs: str):
+    """A Ray node's step: its CPUs named, the node's memory, its GPUs, not overlapping other steps,
+    its logs copied by its own wrapper; the interface, memlock and Ray's directory handed on."""
+    assert f"--cpus-per-task={cpus}" in step["options"] and "--mem=0" in step["options"]
+    assert ("--gres=gpu:%d" % gpus in step["options"]) == (gpus > 0) and "--overlap" not in step["options"]
+    assert step["command"][1].endswith("slurm/step.sh") and step["command"][2:4] == ["--ray-logs", logs]
+    env = step["env"]
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "lo" and env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    assert env["MEMLOCK_LIMIT"] == "unlimited" and env["RAY_TMPDIR"] and env["AGM_STOP_LEAD_S"] == "900"
+
+
 def launch(env, *args, script="train_scalinginter.sh", timeout=600):
     return subprocess.run(["bash", os.path.join(SLURM, script), *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
-def test_gres_gpus_pinned_ports_resolved_config_and_ray_logs_of_every_node(slurm_env, tmp_path):
-    ports = {"NODE_MANAGER_PORT": fixed_port(), "OBJECT_MANAGER_PORT": fixed_port()}
-    env = slurm_env | {k: str(v) for k, v in ports.items()} | {"SLURM_JOB_NODELIST": "node-a",
-                                                                "AGM_SUBCOMMAND": "config"}
+def test_a_hetjob_with_gres_gpus_step_resources_and_ray_logs_of_every_node(slurm_env, tmp_path):
+    """A heterogeneous job: node-a (component 0, GPUs given --gres style) and the env node node-b
+    (component 1): each Ray step asks for its own CPUs, memory and GPUs, in its component; the
+    checks beside them overlap; every node copies its own Ray logs when its step ends."""
+    env = slurm_env | {
+        "SLURM_JOB_NODELIST_HET_GROUP_0": "node-a", "SLURM_JOB_NODELIST_HET_GROUP_1": "node-b",
+        "SLURM_CPUS_PER_TASK_HET_GROUP_1": "1", "AGM_SUBCOMMAND": "config",
+        "AGM_PREFLIGHT": "0"}  # this machine's CPU torch would (rightly) fail the GPU check
     env.pop("SLURM_JOB_GPUS")
     env["SLURM_GRES"] = "gpu:h100:2(S:0-1)"  # what --gres=gpu:h100:2 leaves, SLURM_GPUS_PER_NODE unset
     result = launch(env, "babyai", "trainer.total_steps=7", "cluster.placement=split")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert "1 node(s) of 2 GPUs (from SLURM_GRES) and 2 CPUs each" in result.stdout  # once the node is alive
-    ports_line = f"node manager port {ports['NODE_MANAGER_PORT']}, object manager port {ports['OBJECT_MANAGER_PORT']}"
-    assert ports_line in result.stdout
+    assert "1 node(s) of 2 GPUs (from SLURM_GRES) and 2 CPUs each, env servers on node-b" in result.stdout
+    assert re.search(r", env_node 1\b", result.stdout)
     assert "total_steps: 7" in result.stdout and "caps:\n  - 6\n  - 13\n  - 20" in result.stdout
+    assert "network: lo (127.0.0.1 on node-a); NCCL_SOCKET_IFNAME=lo GLOO_SOCKET_IFNAME=lo NCCL_IB_HCA=mlx5_0,mlx5_1" \
+        in result.stdout
     logs = tmp_path / "logs"
     assert "placement: split" in (logs / "config.yaml").read_text()  # the resolved config
     assert "total_steps: 7" in (logs / "driver.log").read_text()
-    assert (logs / "ray" / "node-a-restart0" / "raylet.out").is_file()
+
+    recorded = steps(tmp_path)
+    head, env_node = step_of(recorded, "ray start", "--head"), step_of(recorded, "ray start", node="node-b")
+    assert_ray_node_step(head, cpus=2, gpus=2, logs=str(logs / "ray" / "node-a-restart0"))
+    assert_ray_node_step(env_node, cpus=1, gpus=0, logs=str(logs / "ray" / "node-b-restart0"))
+    assert "--het-group=1" in env_node["options"] and not any(o.startswith("--het-group") for o in head["options"])
+    assert "--node-ip-address=127.0.0.1" in env_node["command"] and '--resources={"env_node": 1}' in env_node["command"]
+    assert f"--object-store-memory={1024 ** 3}" in head["command"]
+    # the config's check before Ray, then the driver (here `config` again) beside the head's Ray step
+    check, driver = [s for s in recorded if s["command"][2:4] == ["agentgym-mega", "config"]]
+    assert {"--overlap", "--cpus-per-task=1"} <= set(check["options"]) and recorded.index(check) < recorded.index(head)
+    assert {"--overlap", "--cpus-per-task=2"} <= set(driver["options"]) and driver["node"] == "node-a"
+    for node in ("node-a", "node-b"):  # copied by each node's own step, as it ended
+        assert (logs / "ray" / f"{node}-restart0" / "raylet.out").is_file()
 
 
 def test_a_node_that_does_not_start_ends_the_job_naming_it(slurm_env):
     # A start timeout past launch()'s own: a job that waited it out instead of noticing would fail
     # that, however slowly a loaded machine starts the head.
     env = slurm_env | {"SLURM_JOB_NODELIST": "node-a,node-dead", "SRUN_FAIL_NODE": "node-dead",
-                       "AGM_SUBCOMMAND": "config", "RAY_START_TIMEOUT": "1200"}
+                       "AGM_SUBCOMMAND": "config", "RAY_START_TIMEOUT": "1200", "AGM_PREFLIGHT": "0"}
     result = launch(env, "babyai", timeout=600)
     assert result.returncode == 1
     assert "the Ray step on node node-dead ended (exit 3)" in result.stderr
@@ -124,6 +196,12 @@ def test_bad_input_stops_before_ray_starts(slurm_env):
     assert result.returncode == 1 and "no GPUs in this job" in result.stderr
     result = launch(slurm_env, "nosuchenv")
     assert result.returncode == 1 and "configs/nosuchenv_scalinginter.yaml: no such config" in result.stderr
+    result = launch(slurm_env | {"AGM_DEVICE": "cpu", "ENV_NODES": "2"}, "babyai")
+    assert result.returncode == 1 and "ENV_NODES=2: the job has 2 node(s)" in result.stderr
+    # GPUs allotted, but this environment's torch is the CPU build: every GPU node is checked first
+    result = launch(slurm_env, "babyai")
+    assert result.returncode == 1 and "node-a cannot run this job" in result.stderr, result.stderr[-2000:]
+    assert "CPU build" in result.stderr and "Ray cluster up" not in result.stdout
 
 
 def read_metrics(run_dir):
@@ -156,37 +234,51 @@ def start_and_wait_for_a_step(command, env, out_path) -> subprocess.Popen:
     return job
 
 
-def test_usr1_checkpoints_requeues_and_the_same_command_resumes(slurm_env, tmp_path):
-    """node-a trains (CPU: AGM_DEVICE=cpu, though Slurm allotted GPUs), node-b is an env node:
-    USR1 to the batch script mid-run stops the trainer after its step with a checkpoint (exit 75)
-    and requeues the job; the requeued job's same command resumes at the next step and turn cap."""
+def test_term_at_preemption_checkpoints_requeues_and_the_same_command_resumes(slurm_env, tmp_path):
+    """node-a trains (CPU: AGM_DEVICE=cpu, though Slurm allotted GPUs), node-b is an env node (the
+    job's last node: ENV_NODES=1). Preemption as Slurm does it: TERM to the batch shell and to
+    every step at once. The trainer stops after its step with a checkpoint (exit 75) while the Ray
+    steps keep Ray up (a site whose GraceTime leaves RAY_TERM_GRACE_S), the job requeues, and each
+    node's own step copies its Ray logs: no step starts after the signal. The requeued job's same
+    command resumes at the next step and turn cap."""
     command = tiny_training(tmp_path, steps=3)
     run_dir = tmp_path / "run"
-    env = slurm_env | {"AGM_DEVICE": "cpu", "ENV_NODES": "node-b"}
+    env = slurm_env | {"AGM_DEVICE": "cpu", "ENV_NODES": "1", "RAY_TERM_GRACE_S": "600"}
     job = start_and_wait_for_a_step(command, env, tmp_path / "out-0")
-    job.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@300: to the batch shell
+    recorded = steps(tmp_path)
+    for pid in [job.pid] + [s["pid"] for s in recorded]:
+        with contextlib.suppress(ProcessLookupError):  # the short checks before Ray have ended
+            os.kill(pid, signal.SIGTERM)
     assert job.wait(timeout=600) == 0, (tmp_path / "out-0").read_text()[-4000:]
     logs = tmp_path / "logs"
     first = (logs / "driver.log").read_text()
     assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"
-    assert "exit 75" in first and "requeueing job 4242" in first
+    assert "TERM: stopping after the current step" in first and "exit 75" in first and "requeueing job 4242" in first
     stopped = int((run_dir / "checkpoints" / "actor" / "latest").read_text().strip().removeprefix("iter_"))
     assert stopped < 3 and [m["step"] for m in read_metrics(run_dir)] == list(range(1, stopped + 1))
     # node-b joined with the env servers' resource, and the run placed its servers by it
     assert re.search(r", env_node 2\b", first) and "env servers on node-b (resource env_node)" in first
     assert "env_resource: env_node" in (logs / "config.yaml").read_text()
     assert re.search(r"\(\w+ pid=\d+", first), "workers' output reaches the driver's log"
-    assert (logs / "ray" / "node-b-restart0").is_dir()
+    assert len(steps(tmp_path)) == len(recorded)  # nothing asked of Slurm after the signal ...
+    for node in ("node-a", "node-b"):  # ... and each node's logs are home
+        assert (logs / "ray" / f"{node}-restart0" / "raylet.out").is_file()
+    head, env_node = step_of(recorded, "ray start", "--head"), step_of(recorded, "ray start", node="node-b")
+    assert_ray_node_step(head, cpus=2, gpus=0, logs=str(logs / "ray" / "node-a-restart0"))
+    assert_ray_node_step(env_node, cpus=2, gpus=0, logs=str(logs / "ray" / "node-b-restart0"))
+    driver = step_of(recorded, "agentgym-mega train", "--resume auto")
+    assert {"--overlap", "--cpus-per-task=2"} <= set(driver["options"]) and driver["node"] == "node-a"
+    assert driver["env"]["RAY_ADDRESS"].endswith(f":{env['GCS_PORT']}")
 
     result = subprocess.run(command, cwd=REPO, env=env | {"SLURM_RESTART_COUNT": "1"}, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "job 4242 (restart 1)" in result.stdout and "--resume auto" in result.stdout
-    steps = read_metrics(run_dir)
-    assert [m["step"] for m in steps] == [1, 2, 3]  # the resumed run went on at stopped + 1
-    assert [m["horizon/turn_cap"] for m in steps] == [1, 2, 3]
-    assert steps[-1]["rollout/logprob_diff"] <= 1e-4  # the engine serves the resumed weights
-    for m in steps:
+    steps_run = read_metrics(run_dir)
+    assert [m["step"] for m in steps_run] == [1, 2, 3]  # the resumed run went on at stopped + 1
+    assert [m["horizon/turn_cap"] for m in steps_run] == [1, 2, 3]
+    assert steps_run[-1]["rollout/logprob_diff"] <= 1e-4  # the engine serves the resumed weights
+    for m in steps_run:
         assert_finite_losses(m)
         assert "actor/ref_kl" not in m  # no KL, no reference model
     assert (run_dir / "checkpoints" / "actor" / "latest").read_text().strip() == "iter_0000003"
@@ -196,13 +288,34 @@ def test_usr1_checkpoints_requeues_and_the_same_command_resumes(slurm_env, tmp_p
     result = launch(slurm_env, str(run_dir / "checkpoints" / "actor"), str(hf), script="convert_to_hf.sh")
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((hf / "config.json").read_text())["model_type"] and list(hf.glob("*.safetensors"))
+    convert = step_of(steps(tmp_path), "checkpoint_tools.convert export")
+    assert {"--cpus-per-task=2", "--mem=0", "--gres=gpu:2"} <= set(convert["options"])
+
+
+def test_a_stop_before_the_trainer_takes_signals_still_requeues(slurm_env, tmp_path):
+    """USR1 while the trainer's step is starting (it dies of the signal, exit 138): the job
+    requeues all the same, and the next start resumes from the last checkpoint."""
+    env = slurm_env | {"AGM_DEVICE": "cpu", "SLURM_JOB_NODELIST": "node-a", "SRUN_HOLD": "agentgym-mega train"}
+    command = ["bash", os.path.join(SLURM, "train_scalinginter.sh"), os.path.join("configs", "base.yaml"),
+               *TINY_TEXTCRAFT, f"trainer.output_dir={tmp_path / 'run'}"]
+    with open(tmp_path / "out", "w") as out:
+        job = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while not any("agentgym-mega" in s["command"] and "train" in s["command"] for s in steps(tmp_path)):
+        assert job.poll() is None and time.monotonic() < deadline, (tmp_path / "out").read_text()[-3000:]
+        time.sleep(0.5)
+    job.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@900: to the batch shell
+    assert job.wait(timeout=300) == 0, (tmp_path / "out").read_text()[-3000:]
+    log = (tmp_path / "logs" / "driver.log").read_text()
+    assert "the trainer ended on the stop signal before it could take it (exit 138)" in log
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"
 
 
 def test_a_node_lost_during_training_ends_the_job_naming_it(slurm_env, tmp_path):
     env = slurm_env | {"AGM_DEVICE": "cpu"}
     # far more steps than a run can take before the loss ends it, whichever node its roles were on
     job = start_and_wait_for_a_step(tiny_training(tmp_path, steps=1000), env, tmp_path / "out")
-    node_b = subprocess.run(["pgrep", "-f", f"ray start --block .*--address=.*:{env['GCS_PORT']}"],
+    node_b = subprocess.run(["pgrep", "-f", f"bin/ray start --block .*--address=.*:{env['GCS_PORT']}"],
                             capture_output=True, text=True).stdout.split()
     assert len(node_b) == 1
     os.kill(int(node_b[0]), signal.SIGTERM)  # Ray on node-b stops, as when the node goes
@@ -215,7 +328,8 @@ def test_a_node_lost_during_training_ends_the_job_naming_it(slurm_env, tmp_path)
 
 def test_env_server_fleet_serves_with_a_secret_and_restarts_a_server_that_dies(slurm_env, tmp_path):
     base = fixed_port(2)  # the two servers' ports
-    env = slurm_env | {"SLURM_JOB_NODELIST": "node-a", "SLURM_NTASKS_PER_NODE": "2", "ENV_BASE_PORT": str(base)}
+    env = slurm_env | {"SLURM_JOB_NODELIST": "node-a", "SLURM_NTASKS_PER_NODE": "2", "ENV_BASE_PORT": str(base),
+                       "SLURM_MEM_PER_NODE": "4000"}
     logs = tmp_path / "logs"
     with open(tmp_path / "out", "w") as out:
         fleet = subprocess.Popen(["bash", os.path.join(SLURM, "env_servers.sh"), "babyai"], cwd=REPO, env=env,
@@ -225,7 +339,11 @@ def test_env_server_fleet_serves_with_a_secret_and_restarts_a_server_that_dies(s
             while not (logs / "env_urls.txt").is_file() and fleet.poll() is None and time.monotonic() < deadline:
                 time.sleep(1)
             urls = (logs / "env_urls.txt").read_text().split()
-            assert len(urls) == 2 and urls[1].endswith(f":{base + 1}")
+            assert len(urls) == 2 and urls[1].endswith(f":{base + 1}") and urls[0].startswith("http://127.0.0.1:")
+            for port in (base, base + 1):  # each server on cores of its own and its share of the memory
+                server = step_of(steps(tmp_path), "env-server", f"--port {port}")
+                assert {"--exact", "--cpus-per-task=2", "--mem=2000M"} <= set(server["options"])
+                assert "--overlap" not in server["options"]
             assert (logs / "env_servers.yaml").read_text().strip() == f"env.server_urls=[{urls[0]},{urls[1]}]"
             secret = (logs / "env_secret").read_text().strip()
             assert os.stat(logs / "env_secret").st_mode & 0o077 == 0
@@ -289,6 +407,7 @@ def test_a_scaling_sweep_on_slurm_runs_a_job_per_point_with_its_node_count(slurm
     job_log = "".join(p.read_text() for p in (out / "point-1").glob("slurm-*.out"))
     assert result.returncode == 0, result.stderr[-3000:] + job_log[-4000:]
     assert "Submitted batch job 43" in (out / "point-1" / "launch.log").read_text()
+    assert {"--nodes=2", "--partition=cpu"} <= set((tmp_path / "sbatch.log").read_text().split())
     assert re.search(r"Ray cluster up at \S+: 2 node\(s\)", job_log)
     assert "--resume auto" in job_log and not (tmp_path / "scontrol.log").exists()  # nothing requeued
     point = json.loads((out / "scaling.json").read_text())["points"][0]

@@ -5,9 +5,12 @@ the launch script's ending after a failed trainer runs against stand-in commands
 
 import glob
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -85,33 +88,143 @@ def test_every_ray_port_is_pinned_and_overridable():
     assert bad.returncode == 1 and "MIN_WORKER_PORT=lots" in bad.stderr
 
 
-def test_steps_run_on_one_node_raise_the_open_files_limit_and_go_through_the_container():
-    show = 'agm_step node-3 ray start --block; printf "%s\\n" "${AGM_STEP[@]}"'
+def test_steps_name_their_resources_go_through_the_wrapper_and_the_container():
+    show = ('agm_step node-3 --cpus-per-task=8 --mem=0 -- --ray-logs /logs/n3 ray start --block; '
+            'printf "%s\\n" "${AGM_STEP[@]}"')
     plain = common(show).stdout.splitlines()
-    assert plain[:7] == ["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", "node-3", "bash"]
-    assert plain[-3:] == ["ray", "start", "--block"] and "65536" in plain
+    assert plain == ["srun", "--nodes=1", "--ntasks=1", "-w", "node-3", "--cpus-per-task=8", "--mem=0", "bash",
+                     f"{REPO}/slurm/step.sh", "--ray-logs", "/logs/n3", "ray", "start", "--block"]
     pyxis = common(show, CONTAINER_IMAGE="/images/agm.sqsh", CONTAINER_MOUNTS="/data:/data",
                    SLURM_JOB_ID="42").stdout
     assert "--container-image=/images/agm.sqsh" in pyxis and "--container-name=agentgym-42" in pyxis
     assert f"--container-mounts={REPO}:{REPO},/data:/data" in pyxis
     sif = common(show, CONTAINER_IMAGE="/images/agm.sif").stdout.splitlines()
-    assert sif[sif.index("apptainer"):sif.index("apptainer") + 2] == ["apptainer", "exec"]
-    assert "--nv" in sif and sif.index("/images/agm.sif") < sif.index("ray")
+    # the wrapper runs outside Apptainer, so it copies the logs Ray wrote under the host's /tmp
+    assert sif.index("--ray-logs") < sif.index("apptainer") < sif.index("/images/agm.sif") < sif.index("ray")
+    assert sif[sif.index("apptainer"):sif.index("apptainer") + 2] == ["apptainer", "exec"] and "--nv" in sif
     hetjob = common("AGM_HET_GROUP[cpu-1]=1; " + show.replace("node-3", "cpu-1")).stdout.split()
     assert "--het-group=1" in hetjob
+    check = common('agm_step n1 --overlap --cpus-per-task=1 -- hostname; printf "%s\\n" "${AGM_STEP[@]}"')
+    check = check.stdout.split()
+    assert check[5:9] == ["--overlap", "--cpus-per-task=1", "bash", f"{REPO}/slurm/step.sh"] and check[-1] == "hostname"
 
 
-def test_the_step_really_runs_with_the_raised_limit(tmp_path):
+def test_the_step_really_runs_with_the_raised_limits(tmp_path):
     srun = tmp_path / "srun"
     srun.write_text('#!/bin/bash\n'  # srun stand-in: the step's command, here
                     'while [[ $1 == -* ]]; do case $1 in -w) shift 2 ;; *) shift ;; esac; done\nexec "$@"\n')
     srun.chmod(0o755)
-    hard = subprocess.run(["bash", "-c", "ulimit -Hn"], capture_output=True, text=True).stdout.strip()
-    want = "4096" if hard == "unlimited" or int(hard) >= 4096 else hard
-    result = subprocess.run(["bash", "-c", "source slurm/common.sh; agm_on_node n1 bash -c 'ulimit -n'"], cwd=REPO,
-                            capture_output=True, text=True, timeout=30,
+    hard_n, hard_l = subprocess.run(["bash", "-c", "ulimit -Hn; ulimit -Hl"], capture_output=True,
+                                    text=True).stdout.split()
+    want_n = "4096" if hard_n == "unlimited" or int(hard_n) >= 4096 else hard_n
+    want_l = hard_l  # MEMLOCK_LIMIT's default, unlimited, or the hard limit where that is lower
+    result = subprocess.run(["bash", "-c", "source slurm/common.sh; agm_on_node n1 bash -c 'ulimit -n; ulimit -l'"],
+                            cwd=REPO, capture_output=True, text=True, timeout=30,
                             env={"PATH": f"{tmp_path}:{os.environ['PATH']}", "NOFILE_LIMIT": "4096"})
-    assert result.stdout.strip() == want, result.stderr
+    assert result.stdout.split() == [want_n, want_l], result.stderr
+
+
+def test_a_ray_step_copies_its_nodes_logs_when_it_ends_or_is_stopped(tmp_path):
+    """The wrapper of a Ray node's step: on TERM the command is kept up until the work has ended
+    (AGM_WORK_ENDED) or the grace has passed, then stopped; the node's logs are copied either way."""
+    logs = tmp_path / "ray" / "ray" / "session_latest" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "raylet.out").write_text("raylet says hi")
+    ended = tmp_path / "ended"
+    env = {"PATH": os.environ["PATH"], "RAY_TMPDIR": str(tmp_path / "ray"), "AGM_WORK_ENDED": str(ended),
+           "AGM_DEVICE": "cpu", "RAY_TERM_GRACE_S": "600"}
+    step = subprocess.Popen(["bash", "slurm/step.sh", "--ray-logs", str(tmp_path / "copy"), "sleep", "600"],
+                            cwd=REPO, env=env)
+    time.sleep(1)
+    step.send_signal(signal.SIGTERM)  # scancel or preemption: the trainer may still be checkpointing
+    with pytest.raises(subprocess.TimeoutExpired):
+        step.wait(timeout=3)
+    ended.touch()  # the batch script: the work has ended
+    assert step.wait(timeout=30) == 143  # the command's own ending, passed on
+    assert (tmp_path / "copy" / "raylet.out").read_text() == "raylet says hi"
+    quick = subprocess.run(["bash", "slurm/step.sh", "--ray-logs", str(tmp_path / "copy2"), "true"], cwd=REPO,
+                           env=env, timeout=30)
+    assert quick.returncode == 0 and (tmp_path / "copy2" / "raylet.out").is_file()
+
+
+def test_the_network_interface_and_its_address(tmp_path):
+    """NETWORK_INTERFACE names the interface; by default ib0 where it has an address, else the
+    default route's; its IPv4 address is the node's, and NCCL and gloo are told the same name."""
+    (tmp_path / "srun").write_text('#!/bin/bash\nwhile [[ $1 == -* ]]; do case $1 in -w) shift 2 ;; *) shift ;; '
+                                   'esac; done\nexec "$@"\n')
+    (tmp_path / "ip").write_text('#!/bin/bash\n'  # ip stand-in: eth0 and, with HAS_IB=1, ib0
+                                 'case "$*" in\n'
+                                 '  *"route show default"*) echo "default via 10.0.0.1 dev eth0 proto static" ;;\n'
+                                 '  *"dev ib0"*) [[ $HAS_IB == 1 ]] && echo "5: ib0  inet 10.9.0.7/16" ;;\n'
+                                 '  *"dev eth0"*) echo "2: eth0  inet 10.0.0.7/24 scope global eth0" ;;\n'
+                                 'esac; exit 0\n')
+    for name in ("srun", "ip"):
+        (tmp_path / name).chmod(0o755)
+    show = ('agm_node_address n1; agm_export_interface; '
+            'echo "$AGM_IFACE $AGM_NODE_IP $NCCL_SOCKET_IFNAME $GLOO_SOCKET_IFNAME"')
+    path = f"{tmp_path}:{os.environ['PATH']}"
+    assert common(show, PATH=path, HAS_IB="1").stdout.split()[-4:] == ["ib0", "10.9.0.7", "ib0", "ib0"]
+    assert common(show, PATH=path, HAS_IB="0").stdout.split()[-4:] == ["eth0", "10.0.0.7", "eth0", "eth0"]
+    assert common(show, PATH=path, HAS_IB="1", NETWORK_INTERFACE="eth0").stdout.split()[-2:] == ["eth0", "eth0"]
+    mine = common(show, PATH=path, HAS_IB="1", NCCL_SOCKET_IFNAME="ib1").stdout.split()
+    assert mine[-2:] == ["ib1", "ib0"]  # a site's own NCCL setting wins
+    bad = common(show, PATH=path, NETWORK_INTERFACE="ib0")
+    assert bad.returncode == 1 and "interface ib0 has no IPv4 address" in bad.stderr
+    assert "NETWORK_INTERFACE=ib0" in bad.stderr
+
+
+def test_ray_gets_a_directory_per_job_that_its_socket_paths_fit():
+    result = common('agm_ray_tmpdir; echo "$RAY_TMPDIR"', SLURM_JOB_ID="123456")
+    assert result.stdout.split() == ["/tmp/ray-123456"]
+    long = common("agm_ray_tmpdir", RAY_TMPDIR="/scratch/" + "x" * 40)
+    assert long.returncode == 1 and "107-byte" in long.stderr
+
+
+# The sbatch options the scripts' directives may use: a typo or an option sbatch does not take
+# would make sbatch refuse the script, so it fails here first.
+SBATCH_OPTIONS = {"--job-name", "--nodes", "--ntasks", "--ntasks-per-node", "--gpus-per-node", "--cpus-per-task",
+                  "--exclusive", "--mem", "--time", "--output", "--open-mode", "--requeue", "--signal"}
+
+
+def directives(script: str) -> dict[str, str]:
+    """A script's #SBATCH options, as sbatch reads them: only before the first command."""
+    found = {}
+    with open(os.path.join(REPO, "slurm", script)) as f:
+        for line in f.read().splitlines()[1:]:
+            if line and not line.startswith("#"):
+                break
+            if line.startswith("#SBATCH "):
+                option = line.split()[1]
+                name, _, value = option.partition("=")
+                assert name in SBATCH_OPTIONS, f"{script}: #SBATCH {option}: not an sbatch option"
+                assert name not in found, f"{script}: {name} twice"
+                found[name] = value
+    return found
+
+
+def test_the_directives_parse_and_ask_for_whole_nodes_and_a_stop_lead():
+    train = directives("train_scalinginter.sh")
+    assert train["--exclusive"] == "" and train["--mem"] == "0" and "--requeue" in train
+    assert train["--signal"] == "B:USR1@900" and train["--cpus-per-task"] and train["--gpus-per-node"]
+    with open(os.path.join(REPO, "slurm", "train_scalinginter.sh")) as f:
+        assert "AGM_STOP_LEAD_S=${STOP_LEAD_S:-900}" in f.read()  # the lead the trainer warns against
+    fleet = directives("env_servers.sh")
+    assert fleet["--exclusive"] == "" and fleet["--mem"] == "0" and fleet["--cpus-per-task"]
+    convert = directives("convert_to_hf.sh")
+    assert convert["--mem"] == "0" and convert["--gpus-per-node"] == "1" and convert["--cpus-per-task"]
+
+
+# Arrays the scripts fill before every use; any other may be empty, which bash before 4.4 (EL7)
+# rejects under `set -u` unless expanded as ${a[@]+"${a[@]}"}.
+NEVER_EMPTY = {"nodes", "AGM_STEP", "wrapper", "args", "urls", "pip"}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=os.path.basename)
+def test_arrays_that_may_be_empty_are_expanded_safely_for_old_bash(script):
+    with open(script) as f:
+        text = f.read()
+    unsafe = [m.group(1) for m in re.finditer(r'(?<!\+)"\$\{(\w+)\[@\]', text) if m.group(1) not in NEVER_EMPTY]
+    assert not unsafe, f"{os.path.basename(script)}: {unsafe} expanded without the ${{a[@]+...}} guard"
 
 
 # Stand-ins for a whole launch in seconds: `srun` runs the step here and tells it its node;
@@ -140,7 +253,7 @@ def test_a_trainer_failing_before_the_lost_nodes_step_ends_still_names_the_node(
         (tmp_path / name).chmod(0o755)
     env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node-a,node-b",
            "AGM_DEVICE": "cpu", "SLURM_CPUS_PER_TASK": "2", "GCS_PORT": "6399", "RAY_AUTH_TOKEN": "x" * 64,
-           "RAY_TMPDIR": str(tmp_path / "ray"), "LOG_DIR": str(tmp_path / "logs"), "MARK": str(tmp_path / "failed"),
+           "RAY_TMPDIR": "/tmp/agm-stand-in", "LOG_DIR": str(tmp_path / "logs"), "MARK": str(tmp_path / "failed"),
            "NODE_B_ENDS": "1" if node_b_ends else "0", "REQUEUE": "0"}
     result = subprocess.run(["bash", "slurm/train_scalinginter.sh", "configs/base.yaml"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=120)
