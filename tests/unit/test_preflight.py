@@ -12,7 +12,7 @@ from tests.conftest import run_cli
 # A node that can run the job: the pinned stack on a CUDA 13 driver.
 GOOD = Facts(torch_version="2.13.0+cu130", torch_cuda="13.0", device_count=8, visible_devices="0,1,2,3,4,5,6,7",
              vllm={"vllm": "0.32.0"}, megatron="0.16.1",
-             gpus=[Gpu(str(i), "Default", "580.95.05") for i in range(8)])
+             gpus=[Gpu(str(i), "Default", "580.95.05") for i in range(8)], cuda_api=13000)
 
 
 def node(**changes) -> Facts:
@@ -73,7 +73,9 @@ def test_cuda_vllm_passes_and_missing_packages_name_the_fix():
 ])
 def test_driver_minimum_is_cuda_13_0s(driver, old):
     assert preflight.driver_too_old(driver) is old
-    problems = preflight.check(node(gpus=[Gpu("0", "Default", driver)]), "colocated").problems
+    # an R575 or older driver's own library offers CUDA 12.x at most (12090: 12.9)
+    problems = preflight.check(node(gpus=[Gpu("0", "Default", driver)], cuda_api=12090 if old else 13000),
+                               "colocated").problems
     assert bool(problems) is old
     if old:
         assert problems == [f"NVIDIA driver {driver} is older than 580.65.06, the minimum for CUDA 13.0 (the pinned "
@@ -81,8 +83,18 @@ def test_driver_minimum_is_cuda_13_0s(driver, old):
 
 
 def test_an_unreadable_driver_version_is_a_problem_naming_it():
-    assert preflight.driver_problems([Gpu("0", "Default", "N/A")]) == [
-        "NVIDIA driver: 'N/A' is not a driver version such as 580.65.06"]
+    assert preflight.driver_problems([Gpu("0", "Default", "N/A")]) == (
+        ["NVIDIA driver: 'N/A' is not a driver version such as 580.65.06"], [])
+
+
+@pytest.mark.parametrize("cuda_api,passes", [(13000, True), (13020, True), (12080, False), (0, False), (None, False)])
+def test_an_old_driver_passes_only_where_forward_compatibility_offers_cuda_13(cuda_api, passes):
+    report = preflight.check(node(gpus=[Gpu("0", "Default", "535.216.01")], cuda_api=cuda_api), "colocated")
+    assert report.ok is passes
+    if passes:
+        version = f"{cuda_api // 1000}.{cuda_api % 1000 // 10}"
+        assert report.notes == [f"NVIDIA driver 535.216.01 is older than 580.65.06, but the CUDA driver library "
+                                f"offers CUDA {version} (forward compatibility)"]
 
 
 def test_exclusive_process_gpus_refuse_colocation_naming_gpus_mode_and_both_ways_out():
