@@ -57,7 +57,7 @@ class Facts:
 @dataclasses.dataclass
 class Report:
     problems: list[str]
-    notes: list[str]  # what was skipped, and why
+    notes: list[str]  # what was skipped, or passed only through forward compatibility
     versions: list[str]  # one line each, for the job log
 
     @property
