@@ -16,6 +16,7 @@ from agentgym_mega.cli import (
     evaluate,
     make_tiny_model,
     plan,
+    preflight,
     pretrain_tiny,
     retriever,
     scaling,
@@ -26,7 +27,7 @@ from agentgym_mega.errors import EXIT_BAD_INPUT, BadInput
 # In the order `agentgym-mega --help` lists them; a new subcommand is a module with add(sub) and
 # one entry here.
 COMMANDS = (config, train, evaluate, plan, scaling, make_tiny_model, pretrain_tiny, doctor, env_server, retriever,
-            bench, config_reference)
+            bench, config_reference, preflight)
 
 
 def build_parser() -> argparse.ArgumentParser:
