@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import ray
@@ -34,6 +35,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 30.0  # an engine that does not answer this long after a failed sync counts as dead
+
+
+def init_ray_keeping_sigterm(**options) -> None:
+    """ray.init(**options), leaving a SIGTERM handler the caller installed in place: ray.init
+    replaces it with one that exits at once, which would end `agentgym-mega train` mid-step on
+    Slurm's preemption instead of after the step with a checkpoint (cli.train.stop_on_signals).
+    Without a handler of the caller's, Ray's stays (it shuts Ray down on the way out)."""
+    ours = signal.getsignal(signal.SIGTERM)
+    ray.init(**options)
+    if callable(ours):
+        signal.signal(signal.SIGTERM, ours)
 
 
 def env_servers(cfg: Config, options: Callable[[int], dict] | None = None
@@ -153,8 +165,8 @@ class Stack:
         cpus = (None if joining or platform.has_cuda()
                 else max(os.cpu_count() or 1, Placement.cpus_needed(self.cfg, with_env=env)))
         worker_output = self.cfg.logging.worker_output
-        ray.init(address=None if joining else "local", num_cpus=cpus, include_dashboard=False,
-                 log_to_driver=joining if worker_output == "auto" else worker_output)
+        init_ray_keeping_sigterm(address=None if joining else "local", num_cpus=cpus, include_dashboard=False,
+                                 log_to_driver=joining if worker_output == "auto" else worker_output)
         self._owns_ray = True
 
     def engines_sleep(self, keep_weights: bool) -> None:
