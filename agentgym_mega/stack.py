@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import ray
 
-from agentgym_mega import platform
+from agentgym_mega import checkpoint_timing, platform
 from agentgym_mega.cluster import CriticGroup, Placement, PolicyGroup, RoleGroup, TrainerWorld, offload_on, roles
 from agentgym_mega.memory_plan import read_architecture
 from agentgym_mega.rollout.engines.vllm_engine import launch_remote
@@ -148,7 +148,8 @@ class Stack:
         policy and the critic are models of their own in the actor's processes."""
         cfg = self.cfg
         run_roles = roles(cfg)
-        self.trainer_ranks = TrainerWorld(cfg, self.placement)
+        timeout_s = checkpoint_timing.trainer_timeout_s(cfg, read_architecture(cfg.model)[0])
+        self.trainer_ranks = TrainerWorld(cfg, self.placement, timeout_s)
         self.actor = PolicyGroup(cfg, cfg.model.path, ranks=self.trainer_ranks)
         if "ref" in run_roles:
             self.ref = PolicyGroup(cfg, cfg.model.path, trainable=False, ranks=self.trainer_ranks)
