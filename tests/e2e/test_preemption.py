@@ -33,12 +33,13 @@ def test_sigterm_after_ray_starts_sets_the_stop_event_instead_of_exiting():
 
 
 def _group_timeouts_s(rank) -> dict[str, float]:
-    import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    def seconds(group) -> float:
-        return group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    from agentgym_mega import platform
+
+    def seconds(group) -> float:  # NCCL's or gloo's options, as the rank's device has it
+        return group._get_backend(platform.device()).options._timeout.total_seconds()
 
     return {"world": seconds(dist.distributed_c10d._get_default_group()),
             "data_parallel": seconds(parallel_state.get_data_parallel_group())}
