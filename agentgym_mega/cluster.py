@@ -251,15 +251,17 @@ class RankProcess:
         self._rendezvous, master = host_rendezvous(reachable_ip())
         return master
 
-    def setup(self, rank: int, world: int, master: dict[str, str], cfg: dict, device: str | None = None) -> None:
-        """`device`: this rank's logical device on a cluster without GPUs (see Placement)."""
+    def setup(self, rank: int, world: int, master: dict[str, str], cfg: dict, device: str | None = None,
+              timeout_s: float = platform.PROCESS_GROUP_TIMEOUT_S) -> None:
+        """`device`: this rank's logical device on a cluster without GPUs (see Placement);
+        `timeout_s`: how long a collective waits for its peers (a checkpoint save's, at least)."""
         os.environ.update(master, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0")
         if device is not None:
             os.environ[weight_sync.DEVICES_ENV] = device
         if not platform.has_cuda():
             torch.set_num_threads(1)  # ranks share the cores; oversubscription only slows them
         self.cfg = validate(cfg)
-        platform.init_distributed(self.cfg.parallel.tp, self.cfg.parallel.pp, self.cfg.trainer.seed)
+        platform.init_distributed(self.cfg.parallel.tp, self.cfg.parallel.pp, self.cfg.trainer.seed, timeout_s)
         self.shards: dict[str, ModelShard] = {}
         self.synchronizer = None
 
@@ -335,7 +337,8 @@ class TrainerWorld:
     """The run's `world_size` trainer rank processes (:class:`RankProcess`), joined into one
     torch.distributed world; every role's group adds its model to them."""
 
-    def __init__(self, cfg: Config, placement: Placement | None = None):
+    def __init__(self, cfg: Config, placement: Placement | None = None,
+                 timeout_s: float = platform.PROCESS_GROUP_TIMEOUT_S):
         world = cfg.parallel.world_size
         # Without a placement (tools, tests): a GPU per rank, or on CPU no reservation at all
         # (ranks share the cores).
@@ -346,7 +349,8 @@ class TrainerWorld:
         try:
             master = ray.get(self.procs[0].host_rendezvous.remote())
             devices = placement.trainer_devices if placement and placement.device == "CPU" else [None] * world
-            ray.get([r.setup.remote(i, world, master, to_dict(cfg), devices[i]) for i, r in enumerate(self.procs)])
+            ray.get([r.setup.remote(i, world, master, to_dict(cfg), devices[i], timeout_s)
+                     for i, r in enumerate(self.procs)])
         except BaseException:
             self.shutdown()  # the caller never gets the ranks to shut down
             raise

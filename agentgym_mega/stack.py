@@ -9,11 +9,12 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import ray
 
-from agentgym_mega import platform
+from agentgym_mega import checkpoint_timing, platform
 from agentgym_mega.cluster import CriticGroup, Placement, PolicyGroup, RoleGroup, TrainerWorld, offload_on, roles
 from agentgym_mega.memory_plan import read_architecture
 from agentgym_mega.rollout.engines.vllm_engine import launch_remote
@@ -34,6 +35,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_S = 30.0  # an engine that does not answer this long after a failed sync counts as dead
+
+
+def init_ray_keeping_sigterm(**options) -> None:
+    """ray.init(**options), leaving a SIGTERM handler the caller installed in place: ray.init
+    replaces it with one that exits at once, which would end `agentgym-mega train` mid-step on
+    Slurm's preemption instead of after the step with a checkpoint (cli.train.stop_on_signals).
+    Without a handler of the caller's, Ray's stays (it shuts Ray down on the way out)."""
+    ours = signal.getsignal(signal.SIGTERM)
+    ray.init(**options)
+    if callable(ours):
+        signal.signal(signal.SIGTERM, ours)
 
 
 def env_servers(cfg: Config, options: Callable[[int], dict] | None = None
@@ -136,7 +148,8 @@ class Stack:
         policy and the critic are models of their own in the actor's processes."""
         cfg = self.cfg
         run_roles = roles(cfg)
-        self.trainer_ranks = TrainerWorld(cfg, self.placement)
+        timeout_s = checkpoint_timing.trainer_timeout_s(cfg, read_architecture(cfg.model)[0])
+        self.trainer_ranks = TrainerWorld(cfg, self.placement, timeout_s)
         self.actor = PolicyGroup(cfg, cfg.model.path, ranks=self.trainer_ranks)
         if "ref" in run_roles:
             self.ref = PolicyGroup(cfg, cfg.model.path, trainable=False, ranks=self.trainer_ranks)
@@ -153,8 +166,8 @@ class Stack:
         cpus = (None if joining or platform.has_cuda()
                 else max(os.cpu_count() or 1, Placement.cpus_needed(self.cfg, with_env=env)))
         worker_output = self.cfg.logging.worker_output
-        ray.init(address=None if joining else "local", num_cpus=cpus, include_dashboard=False,
-                 log_to_driver=joining if worker_output == "auto" else worker_output)
+        init_ray_keeping_sigterm(address=None if joining else "local", num_cpus=cpus, include_dashboard=False,
+                                 log_to_driver=joining if worker_output == "auto" else worker_output)
         self._owns_ray = True
 
     def engines_sleep(self, keep_weights: bool) -> None:

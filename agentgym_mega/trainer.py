@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -25,9 +26,10 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
-from agentgym_mega import algorithms, files
+from agentgym_mega import algorithms, checkpoint_timing, files
 from agentgym_mega.errors import BadInput
 from agentgym_mega.evaluation import Evaluator
+from agentgym_mega.memory_plan import read_architecture
 from agentgym_mega.metrics import MetricsLogger, Timer, episode_metrics, plot_rewards, sync_metrics
 from agentgym_mega.models import checkpoint
 from agentgym_mega.rollout.batch import TrajectoryBatch
@@ -38,14 +40,14 @@ from agentgym_mega.stack import Stack
 if TYPE_CHECKING:
     from agentgym_mega.config import Config
 
-# The exit code of `agentgym-mega train` stopped by SIGUSR1 after a checkpoint (sysexits'
+# The exit code of `agentgym-mega train` stopped by SIGUSR1 or SIGTERM after a checkpoint (sysexits'
 # EX_TEMPFAIL: the same command with --resume goes on); slurm/train_scalinginter.sh requeues on it.
 STOPPED_EXIT_CODE = 75
 RESUME_MODES = ("latest", "auto")
 
 
 class Stopped(Exception):
-    """Training stopped early on request (SIGUSR1 to the CLI), after checkpointing `step`."""
+    """Training stopped early on request (SIGUSR1 or SIGTERM to the CLI), after checkpointing `step`."""
 
     def __init__(self, step: int):
         super().__init__(f"stopped on request after step {step}, which is checkpointed")
@@ -116,13 +118,17 @@ def resume_from(cfg: Config, mode: str | None) -> bool:
 
 
 def _resume(stack: Stack, cfg: Config) -> tuple[int, int, tuple | None]:
-    """Loads the latest checkpoint; returns (next step, sampler position, the rollout collected
-    ahead for the next step when the run is one step off-policy and the checkpoint has one)."""
+    """Loads the latest checkpoint and gives the engines its weights (they started from the HF
+    ones); returns (next step, sampler position, the rollout collected ahead for the next step
+    when the run is one step off-policy and the checkpoint has one)."""
     root = _checkpoint_root(cfg)
     state = stack.actor.load_checkpoint(os.path.join(root, "actor"))
     if stack.critic is not None:
         stack.critic.load_checkpoint(os.path.join(root, "critic"))
     step = state["global_step"]
+    stack.trainers_release(actor_params=False)
+    stack.engines_wake(("weights",))
+    stack.sync_engines(step)
     ahead = os.path.join(root, "rollout", f"iter_{step:07d}", "batch.pt")
     if not (cfg.trainer.off_policy_steps and os.path.isfile(ahead)):
         return step + 1, state["sampler_position"], None  # without it, the next step collects its own
@@ -132,17 +138,14 @@ def _resume(stack: Stack, cfg: Config) -> tuple[int, int, tuple | None]:
 
 def train(cfg: Config, resume: str | None = None, stop: threading.Event | None = None) -> dict:
     """Runs cfg.trainer.total_steps steps (from the latest checkpoint with `resume`, see
-    resume_from); returns the last step's metrics. `stop` set (the CLI sets it on SIGUSR1) ends
+    resume_from); returns the last step's metrics. `stop` set (the CLI: on SIGUSR1 or SIGTERM) ends
     the run after the current step and a checkpoint, raising Stopped."""
     resume = resume_from(cfg, resume)
     stop = stop or threading.Event()
     stopped = None
+    lead = _stop_lead(cfg)
     with Stack.start(cfg) as stack:
         start, position, ahead = _resume(stack, cfg) if resume else (1, 0, None)
-        if resume:  # the engines started from the HF weights: give them the checkpoint's
-            stack.trainers_release(actor_params=False)
-            stack.engines_wake(("weights",))
-            stack.sync_engines(start - 1)
         stack.trainers_release()  # the engines generate first
         stack.engines_wake()
         sampler = TaskSampler(stack.tasks, cfg.trainer.seed, position)
@@ -190,6 +193,8 @@ def train(cfg: Config, resume: str | None = None, stop: threading.Event | None =
                 metrics |= _evaluated(evaluate, step)
             logger.log(step, metrics)
             _show(bar, step, metrics, turn_cap)
+            if lead and step == start:  # the first step's time, measured: warm-up makes it an upper bound
+                _warn(checkpoint_timing.lead_warning(lead[0], lead[1], sum(timer.seconds.values())))
             last = step == cfg.trainer.total_steps
             if last or stop.is_set() or (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0):
                 _save(stack, cfg, step, sampler, ahead)
@@ -204,6 +209,22 @@ def train(cfg: Config, resume: str | None = None, stop: threading.Event | None =
     if stopped is not None:
         raise Stopped(stopped)
     return metrics
+
+
+def _stop_lead(cfg: Config) -> tuple[float, checkpoint_timing.StopLead] | None:
+    """Under Slurm (AGM_STOP_LEAD_S set): the lead and the run's save and step estimates, with
+    the warning when they do not fit in it written now, before anything starts."""
+    lead_s = checkpoint_timing.stop_lead_s()
+    if lead_s is None:
+        return None
+    figures = checkpoint_timing.stop_lead(cfg, read_architecture(cfg.model)[0])
+    _warn(checkpoint_timing.lead_warning(lead_s, figures))
+    return lead_s, figures
+
+
+def _warn(message: str | None) -> None:
+    if message:
+        tqdm.write(message, file=sys.stderr)
 
 
 def _logprobs_and_values(stack: Stack, batch: TrajectoryBatch, cfg: Config, timer: Timer) -> None:

@@ -30,7 +30,11 @@ def add(sub) -> None:
             "--host-mem-gb. Bytes are decimal GB (1e9) but for --gpu-mem-gib (2**30, as CUDA reports).\n"
             "A layout that does not fit, or that megatron or vLLM refuses, exits 2 with the reason and\n"
             "up to 3 nearest layouts that fit, as overrides to paste. The model of memory is in\n"
-            "agentgym_mega/memory_formulas.py and docs/clusters.md (\"Planning memory\")."
+            "agentgym_mega/memory_formulas.py and docs/clusters.md (\"Planning memory\").\n"
+            "Then the checkpoint: its bytes, the seconds a save takes at a stated write rate, the\n"
+            "trainer's process-group timeout that follows from them, and one step's time from the\n"
+            "scaling projection (where it has one for the config); with --stop-lead-s, a warning\n"
+            "when a step plus a save would not fit in that lead (agentgym_mega/checkpoint_timing.py)."
         ),
     )
     p.add_argument("--config", required=True, help="YAML config (e.g. configs/recipes/*.yaml)")
@@ -43,6 +47,12 @@ def add(sub) -> None:
     p.add_argument("--host-mem-gb", type=bounded(float, 0, "a number of GB > 0"), default=DEFAULT_HOST_GB,
                    help=f"host memory of one node in decimal GB (default {DEFAULT_HOST_GB})")
     p.add_argument("--nodes", type=COUNT, help="nodes available (default: as many as the layout needs)")
+    p.add_argument("--checkpoint-write-gbps", type=bounded(float, 0, "a number of GB/s > 0"),
+                   help="decimal GB/s a checkpoint is written at over all ranks (default: "
+                        "$AGM_CHECKPOINT_WRITE_GBPS, else 1; train reads the variable)")
+    p.add_argument("--stop-lead-s", type=bounded(float, 0, "a number of seconds > 0"),
+                   help="seconds between Slurm's stop signal and the time limit (default: $AGM_STOP_LEAD_S; "
+                        "none: no check)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (bytes) instead of tables")
     overrides_option(p)
 
@@ -55,7 +65,7 @@ def _fraction(text: str) -> float:
 
 
 def run(args) -> int:
-    from agentgym_mega import memory_plan
+    from agentgym_mega import checkpoint_timing, memory_plan
     from agentgym_mega.config import load_config
     from agentgym_mega.memory_reserves import card_gib
 
@@ -65,7 +75,9 @@ def run(args) -> int:
     result = memory_plan.plan(cfg, hf, args.gpus_per_node, gib, args.nodes, source, args.fragmentation_reserve,
                               args.host_mem_gb)
     result["sync_groups"] = sync_groups(cfg, args.gpus_per_node)
-    print(json.dumps(result, indent=2) if args.json else memory_plan.render(result))
+    result["stop_lead"] = stop_lead(cfg, hf, args, gib)
+    print(json.dumps(result, indent=2) if args.json
+          else memory_plan.render(result) + "\n" + checkpoint_timing.render(result["stop_lead"]))
     if not result["fits"]:
         raise BadInput(memory_plan.refusal(result["reason"], result["nearest"]))
     return 0
@@ -83,3 +95,14 @@ def sync_groups(cfg, gpus_per_node: int) -> list[dict]:
     except weight_sync.SyncError:
         return []
     return [g.as_dict() for g in weight_sync.sync_groups(transport, layout, cuda=True)]
+
+
+def stop_lead(cfg, hf: dict, args, gpu_mem_gib: float) -> dict:
+    """The plan's "stop_lead" block: the checkpoint's save, the timeout and one step's estimate,
+    with the lead (--stop-lead-s, else AGM_STOP_LEAD_S) and its warning where one is given."""
+    from agentgym_mega import checkpoint_timing as ct
+    from agentgym_mega.memory_reserves import GIB
+
+    figures = ct.stop_lead(cfg, hf, args.gpus_per_node, gpu_mem_gib * GIB / 1e9, args.checkpoint_write_gbps)
+    lead_s = args.stop_lead_s or ct.stop_lead_s()
+    return figures.as_dict() | {"lead_s": lead_s, "warning": lead_s and ct.lead_warning(lead_s, figures)}

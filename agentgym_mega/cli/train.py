@@ -1,4 +1,4 @@
-"""`agentgym-mega train`: the RL run of a config, stopped cleanly by SIGUSR1."""
+"""`agentgym-mega train`: the RL run of a config, stopped cleanly by SIGUSR1 or SIGTERM."""
 
 from __future__ import annotations
 
@@ -22,9 +22,13 @@ def add(sub) -> None:
             "rollout -> log-probs -> advantages -> updates -> weight sync -> log -> checkpoint.\n"
             "Metrics go to OUTPUT_DIR/metrics.jsonl and OUTPUT_DIR/tensorboard; checkpoints to\n"
             "OUTPUT_DIR/checkpoints (trainer.output_dir). --resume continues from the latest one.\n"
-            "SIGUSR1 (Slurm: --signal=B:USR1@300) stops the run after the current step with a\n"
-            "checkpoint and exit code 75; the same command with --resume goes on at the next step,\n"
-            "turn cap and task-sampler position."
+            "SIGUSR1 (Slurm's warning before the time limit, --signal=B:USR1@SECONDS) or SIGTERM\n"
+            "(Slurm's preemption, scancel) stops the run after the current step with a checkpoint and\n"
+            "exit code 75 (at once, before anything starts, when it comes while the config loads); the\n"
+            "same command with --resume goes on at the next step, turn cap and task-sampler position.\n"
+            "Under Slurm, AGM_STOP_LEAD_S (the seconds between that warning and the time limit) is\n"
+            "checked against the plan's estimate of a step plus a checkpoint save, written at\n"
+            "AGM_CHECKPOINT_WRITE_GBPS GB/s (default 1): a warning when they do not fit."
         ),
     )
     p.add_argument("--config", required=True, help="YAML config (see configs/)")
@@ -34,15 +38,31 @@ def add(sub) -> None:
     overrides_option(p)
 
 
-def run(args) -> int:
-    # From the first moment: SIGUSR1's default action would kill a run still starting up.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGUSR1 (Slurm's warning before the time limit) and SIGTERM (Slurm's
+    preemption, unless the site sets PreemptParameters=send_user_signal; scancel) set: the run
+    stops after its current step with a checkpoint instead of dying of either."""
     stop = threading.Event()
-    signal.signal(signal.SIGUSR1, lambda *_: stop.set())
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
+
+
+def run(args) -> int:
+    # From the first moment: either signal's default action would kill a run still starting up.
+    stop = stop_on_signals()
     from agentgym_mega.config import load_config
     from agentgym_mega.trainer import STOPPED_EXIT_CODE, Stopped, train
 
     cfg = load_config(args.config, args.overrides)
     require_hf_dir("model.path", cfg.model.path)
+    if stop.is_set():  # no step to save: starting Ray and the engines would only spend the grace time
+        print(f"agentgym-mega train: stopped on request before training started; exit {STOPPED_EXIT_CODE}",
+              file=sys.stderr)
+        return STOPPED_EXIT_CODE
     try:
         train(cfg, resume=args.resume, stop=stop)
     except Stopped as stopped:

@@ -7,6 +7,7 @@ only place that decides between CUDA + NCCL and CPU + gloo.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import random
 
@@ -18,6 +19,11 @@ from agentgym_mega.platform import cpu_megatron
 
 # megatron is imported inside the functions that use it: the trainer's driver and the vLLM engines
 # import this module for the device and vLLM's environment, and build no megatron model.
+
+# A collective of the world group waits this long for its peers (torch's default for NCCL); the
+# trainer's ranks wait longer where a checkpoint save may take longer (agentgym_mega.checkpoint_timing).
+PROCESS_GROUP_TIMEOUT_S = 600.0
+MEGATRON_GROUP_TIMEOUT_MIN = 30  # megatron-core's default for the TP/PP/DP groups it builds
 
 
 def has_cuda() -> bool:
@@ -35,8 +41,9 @@ def dist_backend() -> str:
     return "nccl" if has_cuda() else "gloo"
 
 
-def init_distributed(tp: int = 1, pp: int = 1, seed: int = 0, timeout_s: float = 600.0) -> None:
+def init_distributed(tp: int = 1, pp: int = 1, seed: int = 0, timeout_s: float = PROCESS_GROUP_TIMEOUT_S) -> None:
     """Joins the process group (env:// rendezvous, as torchrun sets it), then megatron's groups.
+    A collective waits `timeout_s` for its peers, in megatron's groups at least their default.
 
     On CPU this first installs the layer that lets megatron-core run without CUDA.
     """
@@ -55,7 +62,8 @@ def init_distributed(tp: int = 1, pp: int = 1, seed: int = 0, timeout_s: float =
         )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+            distributed_timeout_minutes=max(MEGATRON_GROUP_TIMEOUT_MIN, math.ceil(timeout_s / 60)),
         )
     seed_everything(seed)
 

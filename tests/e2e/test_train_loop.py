@@ -17,7 +17,7 @@ def read_metrics(run_dir):
         return [json.loads(line) for line in f]
 
 
-def test_two_steps_then_resume(tmp_path):
+def test_two_steps_then_resume(tmp_path, monkeypatch):
     model = tmp_path / "tiny"
     assert run_cli("make-tiny-model", "--out", str(model), "--kv-heads", "2").returncode == 0
     run_dir = tmp_path / "run"
@@ -69,8 +69,12 @@ def test_two_steps_then_resume(tmp_path):
     checkpoints = run_dir / "checkpoints" / "actor"
     assert (checkpoints / "latest").read_text().strip() == "iter_0000002"
 
+    # Under Slurm with a stop lead of 1 s: the save (a few MB at 1 GB/s) fits in it, the first step does not.
+    monkeypatch.setenv("AGM_STOP_LEAD_S", "1")
     result = run_cli("train", "--config", config, *overrides, "trainer.total_steps=3", "--resume", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: the stop signal comes")]
+    assert len(warnings) == 1 and "s, this run's first, measured) plus one checkpoint save" in warnings[0]
     steps = read_metrics(run_dir)
     assert [m["step"] for m in steps] == [0, 1, 2, 3]  # resumed at 3, not from the start
     assert steps[3]["horizon/turn_cap"] == 3 and steps[3]["rollout/logprob_diff"] <= 1e-4
