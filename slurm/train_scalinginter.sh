@@ -11,7 +11,7 @@
 # CONTAINER_IMAGE. Size parallel.world_size (and rollout.num_engines * rollout.engine_tp with
 # cluster.placement=split) to nodes * GPUs per node; the directives below are an example.
 #
-# Preemption and time limits: Slurm sends USR1 900 s before the end (TERM at preemption, unless the
+# Preemption and time limits: Slurm sends USR1 1800 s before the end (TERM at preemption, unless the
 # site sets PreemptParameters=send_user_signal); the trainer finishes its step, checkpoints and
 # exits 75, and the job requeues itself. The requeued job runs this script again with --resume
 # auto, which continues at the next step. The job takes its nodes whole (--exclusive, --mem=0):
@@ -28,7 +28,7 @@
 #SBATCH --output=slurm-%x-%j.out
 #SBATCH --open-mode=append
 #SBATCH --requeue
-#SBATCH --signal=B:USR1@900
+#SBATCH --signal=B:USR1@1800
 set -euo pipefail
 
 # sbatch runs a copy of this file from its spool directory: the repository is the submit directory.
@@ -49,7 +49,7 @@ subcommand=${AGM_SUBCOMMAND:-train}
 restart=${SLURM_RESTART_COUNT:-0}
 # The lead of --signal=B:USR1@ above, for the trainer's warning when a step plus a checkpoint may
 # not fit in it (Slurm does not tell a job its own --signal).
-export AGM_STOP_LEAD_S=${STOP_LEAD_S:-900}
+export AGM_STOP_LEAD_S=${STOP_LEAD_S:-1800}
 
 agm_log_dir
 exec > >(tee -a "$AGM_LOG_DIR/driver.log") 2> >(tee -a "$AGM_LOG_DIR/driver.log" >&2)

@@ -133,7 +133,7 @@ def assert_ray_node_step(step: dict, cpus: int, gpus: int, logs: str):
     assert step["command"][1].endswith("slurm/step.sh") and step["command"][2:4] == ["--ray-logs", logs]
     env = step["env"]
     assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "lo" and env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
-    assert env["MEMLOCK_LIMIT"] == "unlimited" and env["RAY_TMPDIR"] and env["AGM_STOP_LEAD_S"] == "900"
+    assert env["MEMLOCK_LIMIT"] == "unlimited" and env["RAY_TMPDIR"] and env["AGM_STOP_LEAD_S"] == "1800"
 
 
 def launch(env, *args, script="train_scalinginter.sh", timeout=600):
@@ -304,7 +304,7 @@ def test_a_stop_before_the_trainer_takes_signals_still_requeues(slurm_env, tmp_p
     while not any("agentgym-mega" in s["command"] and "train" in s["command"] for s in steps(tmp_path)):
         assert job.poll() is None and time.monotonic() < deadline, (tmp_path / "out").read_text()[-3000:]
         time.sleep(0.5)
-    job.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@900: to the batch shell
+    job.send_signal(signal.SIGUSR1)  # Slurm's --signal=B:USR1@1800: to the batch shell
     assert job.wait(timeout=300) == 0, (tmp_path / "out").read_text()[-3000:]
     log = (tmp_path / "logs" / "driver.log").read_text()
     assert "the trainer ended on the stop signal before it could take it (exit 138)" in log

@@ -205,9 +205,9 @@ def directives(script: str) -> dict[str, str]:
 def test_the_directives_parse_and_ask_for_whole_nodes_and_a_stop_lead():
     train = directives("train_scalinginter.sh")
     assert train["--exclusive"] == "" and train["--mem"] == "0" and "--requeue" in train
-    assert train["--signal"] == "B:USR1@900" and train["--cpus-per-task"] and train["--gpus-per-node"]
+    assert train["--signal"] == "B:USR1@1800" and train["--cpus-per-task"] and train["--gpus-per-node"]
     with open(os.path.join(REPO, "slurm", "train_scalinginter.sh")) as f:
-        assert "AGM_STOP_LEAD_S=${STOP_LEAD_S:-900}" in f.read()  # the lead the trainer warns against
+        assert "AGM_STOP_LEAD_S=${STOP_LEAD_S:-1800}" in f.read()  # the lead the trainer warns against
     fleet = directives("env_servers.sh")
     assert fleet["--exclusive"] == "" and fleet["--mem"] == "0" and fleet["--cpus-per-task"]
     convert = directives("convert_to_hf.sh")
