@@ -28,26 +28,35 @@ if [[ -n $logs && ${AGM_DEVICE:-gpu} != cpu && $(ulimit -l) != unlimited ]]; the
 fi
 [[ -n $logs ]] || exec "$@"
 
+# Copies the node's Ray logs so far: on the TERM at once, since Slurm's KILL follows it after
+# KillWait (30 s by default) while Ray's own stop may drain that long; again when the step ends.
+copy_logs() {
+    local src=${RAY_TMPDIR:-/tmp}/ray/session_latest/logs
+    [[ -d $src ]] || return 0
+    mkdir -p "$logs" && cp -r "$src/." "$logs" ||
+        echo "[$(date '+%F %T')] error: $(hostname)'s Ray logs were not all copied to $logs" >&2
+}
+
 "$@" &
 child=$!
 term_at=
+copied=0
 stopping=0
 trap '[[ -n $term_at ]] || term_at=$SECONDS' TERM INT
 # `wait` returns early whenever a trapped signal arrives: go on watching until the command ends,
 # stopping it once the work has ended or the grace has passed.
 while kill -0 "$child" 2> /dev/null; do
-    if [[ -n $term_at && $stopping == 0 ]] && { [[ -e ${AGM_WORK_ENDED:-/nonexistent} ]] ||
-        ((SECONDS - term_at >= ${RAY_TERM_GRACE_S:-20})); }; then
-        stopping=1
-        kill -TERM "$child" 2> /dev/null
+    if [[ -n $term_at && $stopping == 0 ]]; then
+        [[ $copied == 1 ]] || { copy_logs; copied=1; }
+        if [[ -e ${AGM_WORK_ENDED:-/nonexistent} ]] || ((SECONDS - term_at >= ${RAY_TERM_GRACE_S:-20})); then
+            stopping=1
+            kill -TERM "$child" 2> /dev/null
+        fi
     fi
     sleep 1 &
     wait $!
 done
 wait "$child"
 rc=$?
-src=${RAY_TMPDIR:-/tmp}/ray/session_latest/logs
-if [[ -d $src ]]; then
-    mkdir -p "$logs" && cp -r "$src/." "$logs" || echo "[$(date '+%F %T')] error: $(hostname)'s Ray logs were not all copied to $logs" >&2
-fi
+copy_logs
 exit "$rc"

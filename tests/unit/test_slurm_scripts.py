@@ -125,8 +125,9 @@ def test_the_step_really_runs_with_the_raised_limits(tmp_path):
 
 
 def test_a_ray_step_copies_its_nodes_logs_when_it_ends_or_is_stopped(tmp_path):
-    """The wrapper of a Ray node's step: on TERM the command is kept up until the work has ended
-    (AGM_WORK_ENDED) or the grace has passed, then stopped; the node's logs are copied either way."""
+    """The wrapper of a Ray node's step: on TERM the logs are copied and the command is kept up
+    until the work has ended (AGM_WORK_ENDED) or the grace has passed, then stopped and the logs
+    copied again; a step that ends by itself copies them too."""
     logs = tmp_path / "ray" / "ray" / "session_latest" / "logs"
     logs.mkdir(parents=True)
     (logs / "raylet.out").write_text("raylet says hi")
@@ -139,9 +140,12 @@ def test_a_ray_step_copies_its_nodes_logs_when_it_ends_or_is_stopped(tmp_path):
     step.send_signal(signal.SIGTERM)  # scancel or preemption: the trainer may still be checkpointing
     with pytest.raises(subprocess.TimeoutExpired):
         step.wait(timeout=3)
+    # copied at once (Slurm's KILL may come before Ray has stopped), and again at the end
+    assert (tmp_path / "copy" / "raylet.out").read_text() == "raylet says hi"
+    (logs / "raylet.out").write_text("raylet says bye")
     ended.touch()  # the batch script: the work has ended
     assert step.wait(timeout=30) == 143  # the command's own ending, passed on
-    assert (tmp_path / "copy" / "raylet.out").read_text() == "raylet says hi"
+    assert (tmp_path / "copy" / "raylet.out").read_text() == "raylet says bye"
     quick = subprocess.run(["bash", "slurm/step.sh", "--ray-logs", str(tmp_path / "copy2"), "true"], cwd=REPO,
                            env=env, timeout=30)
     assert quick.returncode == 0 and (tmp_path / "copy2" / "raylet.out").is_file()
