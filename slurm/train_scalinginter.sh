@@ -59,6 +59,28 @@ agm_ray_tmpdir
 export AGM_WORK_ENDED=$AGM_LOG_DIR/.work-ended-restart$restart
 rm -f "$AGM_WORK_ENDED"
 
+finished=0
+finish() {
+    # Once, also on errors: the work has ended, so each node's step stops Ray and copies its logs.
+    [[ $finished == 0 ]] || return 0
+    finished=1
+    touch "$AGM_WORK_ENDED"
+    agm_stop_steps
+}
+trap finish EXIT
+# USR1 (Slurm's warning before the time limit) and TERM (preemption, scancel): the trainer stops
+# after its step with a checkpoint, or, before it runs, the job requeues at once.
+driver=
+stop_requested=0
+# shellcheck disable=SC2329  # called by the traps below
+stop() {
+    stop_requested=1
+    [[ -z $driver ]] || kill -USR1 "$driver" 2> /dev/null || true
+}
+trap 'agm_log "USR1: stopping after the current step"; stop' USR1
+trap 'agm_log "TERM: stopping after the current step"; stop' TERM
+trap 'exit 130' INT
+
 # The GPU nodes, and the CPU nodes for env servers: a hetjob's second component, or ENV_NODES
 # (a count: the job's last N nodes; or node names, which need --nodelist to be in the job).
 declare -a nodes env_nodes=()
@@ -127,27 +149,6 @@ export RAY_ADDRESS="$head_ip:$GCS_PORT"
 agm_log "network: $AGM_IFACE ($head_ip on $head_node); NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME" \
     "GLOO_SOCKET_IFNAME=$GLOO_SOCKET_IFNAME${NCCL_IB_HCA:+ NCCL_IB_HCA=$NCCL_IB_HCA}"
 
-finished=0
-finish() {
-    # Once, also on errors: the work has ended, so each node's step stops Ray and copies its logs.
-    [[ $finished == 0 ]] || return 0
-    finished=1
-    touch "$AGM_WORK_ENDED"
-    agm_stop_steps
-}
-trap finish EXIT
-# USR1 (Slurm's warning before the time limit) and TERM (preemption, scancel): the trainer stops
-# after its step with a checkpoint, or, before it runs, the job requeues at once.
-driver=
-stop_requested=0
-# shellcheck disable=SC2329  # called by the traps below
-stop() {
-    stop_requested=1
-    [[ -z $driver ]] || kill -USR1 "$driver" 2> /dev/null || true
-}
-trap 'agm_log "USR1: stopping after the current step"; stop' USR1
-trap 'agm_log "TERM: stopping after the current step"; stop' TERM
-trap 'exit 130' INT
 
 start_ray() {  # node, its CPUs, srun options (its GPUs) --, then `ray start` flags of its own
     local node=$1 node_cpus=$2
