@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from agentgym_mega import memory_formulas as mf
 from agentgym_mega import memory_plan as mp
 from agentgym_mega import platform
+from agentgym_mega.cluster import roles
 from agentgym_mega.errors import BadInput
 from agentgym_mega.scaling import projection
 
@@ -106,8 +107,7 @@ class StopLead:
 
 def run_checkpoint_bytes(cfg, hf: dict) -> int:
     """checkpoint_bytes of the config's run (the model dtype as the plan takes it: auto is bf16)."""
-    lay = mp.Layout.of(cfg, 8, 80 * mf.GB, None)
-    return checkpoint_bytes(mf.Arch.of(hf), lay.roles, lay.dtype_bytes)
+    return checkpoint_bytes(mf.Arch.of(hf), roles(cfg), mp.dtype_bytes(cfg.model.dtype))
 
 
 def trainer_timeout_s(cfg, hf: dict) -> float:

@@ -79,7 +79,8 @@ MAX_NEAREST = 3
 UTILIZATIONS = (0.3, 0.4, 0.5)  # engine shares of a GPU the nearest-layout search tries
 
 
-def _dtype_bytes(name: str) -> int:
+def dtype_bytes(name: str) -> int:
+    """Bytes per element of a model dtype as a plan takes it."""
     return 4 if name == "float32" else 2  # auto is bf16 on the GPUs a plan is for
 
 
@@ -146,7 +147,7 @@ class Layout:
             offload=offload_on(cfg, gpus=True),  # planned for GPUs
             utilization=r.gpu_memory_utilization, max_model_len=r.max_model_len,
             micro_batch=(t.max_tokens_per_gpu, t.micro_batch_size, t.batch_size * r.n_per_task),
-            dtype_bytes=_dtype_bytes(cfg.model.dtype), engine_dtype_bytes=_dtype_bytes(r.dtype),
+            dtype_bytes=dtype_bytes(cfg.model.dtype), engine_dtype_bytes=dtype_bytes(r.dtype),
             transport=cfg.weight_sync.transport, bucket_bytes=cfg.weight_sync.bucket_mb << 20,
             roles=run_roles(cfg), gpus_per_node=gpus_per_node,
             gpu_bytes=gpu_bytes, nodes=nodes, fragmentation=fragmentation, host_bytes=host_bytes,
