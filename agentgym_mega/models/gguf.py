@@ -3,14 +3,17 @@
 
 transformers reads the file (its own GGUF reader: weights dequantised, config, tokenizer and chat
 template from the file's metadata); this module only saves what it read as an ordinary directory
-(``config.json``, ``model.safetensors``, tokenizer files, ``chat_template.jinja``,
-``generation_config.json``) that transformers, vLLM and ``convert import`` load. Weights are
-saved in the dtype transformers dequantises to: float32 unless the file's own float type says
-otherwise (a quantised file such as SmolLM2's Q4_1 gives float32).
+that transformers, vLLM and ``convert import`` load: ``config.json``, ``model.safetensors``, the
+tokenizer files, ``chat_template.jinja``, ``generation_config.json`` and ``gguf_source.json`` (the
+file's name and sha256). Weights are saved in the dtype transformers dequantises to: float32
+unless the file's own float type says otherwise (a quantised file such as SmolLM2's Q4_1 gives
+float32).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 
@@ -18,6 +21,15 @@ from agentgym_mega.errors import BadInput
 from agentgym_mega.files import atomic_dir, commit_dir
 
 GGUF_MAGIC = b"GGUF"
+SOURCE_FILE = "gguf_source.json"  # written beside the model: which file it came from, by sha256
+
+
+def sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _check_file(path: str) -> None:
@@ -59,6 +71,8 @@ def to_hf(gguf: str, out: str) -> dict:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, SOURCE_FILE), "w") as f:
+            json.dump({"gguf": os.path.basename(gguf), "sha256": sha256(gguf)}, f, indent=2)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

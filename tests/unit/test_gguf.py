@@ -3,6 +3,7 @@ package's own writer (float32 tensors, llama.cpp's names and Q/K row order) from
 Llama: the directory it writes loads in transformers with the logits of transformers' direct GGUF
 load and of the model the file was written from; a file transformers cannot read exits 2."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -92,6 +93,8 @@ def test_from_gguf_writes_a_directory_with_the_logits_of_the_gguf(tiny_gguf, tmp
     assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja",
             "generation_config.json"} <= set(os.listdir(out))
     assert "quantization_config" not in json.load(open(os.path.join(out, "config.json")))
+    assert json.load(open(os.path.join(out, "gguf_source.json"))) == {
+        "gguf": "tiny-llama.F32.gguf", "sha256": hashlib.sha256(open(path, "rb").read()).hexdigest()}
     folder, name = os.path.split(path)
     direct = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
     converted = AutoModelForCausalLM.from_pretrained(out)
