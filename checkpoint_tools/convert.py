@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag, required=True, help=help_text)
         p.add_argument("--tp", type=int, default=1, help="tensor parallel size to run at")
         p.add_argument("--pp", type=int, default=1, help="pipeline parallel size to run at")
-    p = sub.add_parser("from-gguf", help="GGUF file -> HF directory (weights in float32, or the file's float type)")
+    what = ("GGUF file -> HF directory through transformers' GGUF reader; weights are saved in float32 "
+            "(a quantised file is dequantised), or in the file's own float type if it has one")
+    p = sub.add_parser("from-gguf", help=what, description=what)
     p.add_argument("--gguf", required=True, help="GGUF file to read (quantised weights are dequantised)")
     p.add_argument("--out", required=True, help="HF directory to write (replaced whole once complete)")
     return parser
