@@ -1,4 +1,4 @@
-"""Hugging Face <-> megatron-core conversion.
+"""Hugging Face <-> megatron-core conversion, and GGUF -> Hugging Face.
 
     python -m checkpoint_tools.convert import    --hf DIR --out DIR [--tp T --pp P]
     python -m checkpoint_tools.convert export    --ckpt DIR --out DIR [--tp T --pp P]
@@ -11,8 +11,8 @@
 them); ``roundtrip`` imports and exports and checks every tensor is bitwise equal; ``compare``
 reports logits on fixed prompts: max abs difference and next-token agreement. ``from-gguf`` writes
 a GGUF file (llama.cpp's format) as an HF directory through transformers' GGUF reader: weights
-dequantised to float32 (or the file's own float type), config, tokenizer, chat template and
-generation config; it runs in this process, on no ranks.
+dequantised (float32 for a quantised file; the dtype transformers gives), config, tokenizer,
+chat template and generation config; it runs in this process, on no ranks.
 
 Under torchrun the ranks are torchrun's (their count must be TP * PP); otherwise TP * PP local
 ranks are spawned. Bad input (missing file, unsupported architecture, a tensor of the wrong
@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag, required=True, help=help_text)
         p.add_argument("--tp", type=int, default=1, help="tensor parallel size to run at")
         p.add_argument("--pp", type=int, default=1, help="pipeline parallel size to run at")
-    what = ("GGUF file -> HF directory through transformers' GGUF reader; weights are saved in float32 "
-            "(a quantised file is dequantised), or in the file's own float type if it has one")
+    what = ("GGUF file -> HF directory through transformers' GGUF reader; weights are dequantised and saved "
+            "in the dtype transformers loads the file in (float32 for a quantised file such as Q4_1; the "
+            "result's \"dtype\" says which)")
     p = sub.add_parser("from-gguf", help=what, description=what)
     p.add_argument("--gguf", required=True, help="GGUF file to read (quantised weights are dequantised)")
     p.add_argument("--out", required=True, help="HF directory to write (replaced whole once complete)")

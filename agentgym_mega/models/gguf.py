@@ -5,9 +5,8 @@ transformers reads the file (its own GGUF reader: weights dequantised, config, t
 template from the file's metadata); this module only saves what it read as an ordinary directory
 that transformers, vLLM and ``convert import`` load: ``config.json``, ``model.safetensors``, the
 tokenizer files, ``chat_template.jinja``, ``generation_config.json`` and ``gguf_source.json`` (the
-file's name and sha256). Weights are saved in the dtype transformers dequantises to: float32
-unless the file's own float type says otherwise (a quantised file such as SmolLM2's Q4_1 gives
-float32).
+file's name and sha256). Weights are saved in the dtype transformers loads the file in: float32
+for a quantised file such as SmolLM2's Q4_1 (the result's "dtype" names it).
 """
 
 from __future__ import annotations
