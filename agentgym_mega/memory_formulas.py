@@ -128,7 +128,7 @@ class Arch:
 def check_model_parallel(a: Arch, tp: int, pp: int) -> None:
     """The splits megatron refuses, as the trainer's model builder refuses them."""
     try:
-        gpt.check_split(a.layers, a.kv_heads, a.ffn, tp, pp)
+        gpt.check_split(a.layers, a.heads, a.kv_heads, a.ffn, tp, pp)
     except mapping.MappingError as exc:
         raise LayoutError(str(exc)) from None
 

@@ -96,7 +96,7 @@ def _run_bench_train(args) -> dict:
     from agentgym_mega.models import gpt, mapping
 
     try:  # the TP=2 side's split, refused here rather than in its ranks
-        gpt.check_split(model.layers, model.kv_heads, model.mlp_width, tp=2, pp=1)
+        gpt.check_split(model.layers, model.heads, model.kv_heads, model.mlp_width, tp=2, pp=1)
     except mapping.MappingError as exc:
         raise BadInput(str(exc)) from None
     return bench.run(dataclasses.replace(spec, model=model, **given("batch", "seq", "rounds")))

@@ -141,14 +141,16 @@ def check_architecture(hf_config) -> mapping.Architecture:
     return arch
 
 
-def check_split(layers: int, kv_heads: int, ffn: int, tp: int, pp: int) -> None:
-    """Refuses, naming the config key, a TP/PP split megatron cannot make of these layers."""
+def check_split(layers: int, heads: int, kv_heads: int, ffn: int, tp: int, pp: int) -> None:
+    """Refuses, naming the config keys, a TP/PP split megatron cannot make of these layers."""
     if layers % pp:
         raise mapping.MappingError(f"num_hidden_layers={layers} does not split evenly over pp={pp} stages")
-    if kv_heads % tp:
+    uneven = [f"{key}={n}" for key, n in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)) if n % tp]
+    if uneven:
         raise mapping.MappingError(
-            f"num_key_value_heads={kv_heads} is not divisible by tp={tp}: megatron gives each TP rank "
-            "whole query groups")
+            f"num_attention_heads={heads} and num_key_value_heads={kv_heads} do not split over tp={tp}: "
+            f"{uneven[0] + ' is not' if len(uneven) == 1 else 'neither is'} divisible by tp={tp}; "
+            "megatron gives each TP rank whole query groups")
     if ffn % tp:
         raise mapping.MappingError(
             f"intermediate_size={ffn} is not divisible by tp={tp}: megatron splits the MLP evenly over TP ranks")
@@ -165,7 +167,7 @@ def transformer_config(hf_config, split: ModelSplit, dtype: torch.dtype, fused: 
 
     arch = check_architecture(hf_config)
     geo = mapping.Geometry.of(hf_config, padded_vocab=0)
-    check_split(geo.layers, geo.kv_heads, geo.ffn, split.tp, split.pp)
+    check_split(geo.layers, geo.heads, geo.kv_heads, geo.ffn, split.tp, split.pp)
     if split.sequence_parallel and not te_available():
         raise mapping.MappingError(
             "parallel.sequence_parallel=true needs Transformer Engine (megatron's local layer spec "

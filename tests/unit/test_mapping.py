@@ -1,5 +1,7 @@
 """The mapping tables and tensor-parallel layouts, without any process group."""
 
+import json
+
 import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config
@@ -148,3 +150,27 @@ def test_te_names_are_megatron_local_spec_checkpoint_names():
         prefix = local.removesuffix("weight")
         assert keys_map[prefix] + "weight" == te
     assert len(keys_map) == len(mapping.TE_NAMES)
+
+
+def test_a_split_of_smollm2s_9_heads_and_3_kv_heads_names_both_counts():
+    smollm2 = dict(layers=30, heads=9, kv_heads=3, ffn=1536)
+    for tp in (1, 3):
+        gpt.check_split(**smollm2, tp=tp, pp=1)
+    with pytest.raises(MappingError) as refused:
+        gpt.check_split(**smollm2, tp=2, pp=1)
+    assert str(refused.value).startswith("num_attention_heads=9 and num_key_value_heads=3 do not split over tp=2: "
+                                         "neither is divisible by tp=2")
+    with pytest.raises(MappingError, match="num_key_value_heads=2 is not divisible by tp=4"):
+        gpt.check_split(layers=2, heads=8, kv_heads=2, ffn=16, tp=4, pp=1)
+
+
+def test_plan_refuses_smollm2_at_tp2_in_the_same_words(tmp_path):
+    from tests.conftest import run_cli
+
+    json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
+               "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+               "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True},
+              open(tmp_path / "config.json", "w"))
+    proc = run_cli("plan", "--config", "configs/base.yaml", f"model.path={tmp_path}", "parallel.tp=2")
+    assert proc.returncode == 2
+    assert "num_attention_heads=9 and num_key_value_heads=3 do not split over tp=2" in proc.stderr, proc.stderr
