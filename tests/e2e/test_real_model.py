@@ -5,6 +5,7 @@ run does nothing."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -26,11 +27,12 @@ def make_real_model(root) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_smollm2_from_its_gguf_has_the_gguf_logits_and_the_chatml_template_once(tmp_path):
+def test_smollm2_from_its_gguf_has_the_gguf_logits_and_the_chatml_template_once(smollm2):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    make_real_model(tmp_path)
-    out = tmp_path / NAME
+    # The session's fixture made (or found) the directory with make real-model's command.
+    out = pathlib.Path(smollm2)
+    root = out.parent
     config = json.load(open(out / "config.json"))
     shape = {k: config[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
                                     "num_key_value_heads", "vocab_size", "tie_word_embeddings")}
@@ -44,7 +46,7 @@ def test_smollm2_from_its_gguf_has_the_gguf_logits_and_the_chatml_template_once(
     assert tokenizer.eos_token == "<|im_end|>"
     assert tokenizer("<|im_end|>")["input_ids"] == [config["eos_token_id"]]  # one special token, the eos
 
-    gguf_file = tmp_path / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf_file = root / ".cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     direct = AutoModelForCausalLM.from_pretrained(
         str(gguf_file.parent), gguf_file=gguf_file.name, quantization_config=GgufConfig(dequantize=True),
         dtype=torch.float32)
@@ -55,6 +57,6 @@ def test_smollm2_from_its_gguf_has_the_gguf_logits_and_the_chatml_template_once(
     assert diff <= LOGIT_TOL, diff
 
     written = os.stat(out / "model.safetensors").st_mtime_ns
-    again = make_real_model(tmp_path)
+    again = make_real_model(root)
     assert "nothing to do" in again.stdout and '"converted": false' in again.stdout
     assert os.stat(out / "model.safetensors").st_mtime_ns == written
