@@ -51,7 +51,9 @@ def _actor(hf_dir: str, tp: int, pp: int, load_weights: bool = True):
                          load_weights=load_weights)
 
 
-def _from_checkpoint(ckpt: str, tp: int, pp: int):
+def from_checkpoint(ckpt: str, tp: int, pp: int):
+    """The frozen actor of megatron checkpoint ``ckpt`` (a directory, or a root with ``latest``)
+    at (tp, pp), built from the HF side files saved with it. Collective."""
     path = checkpoint.resolve(ckpt)
     if checkpoint.read_meta(path)["value_head"]:
         raise checkpoint.CheckpointError(f"{path}: a critic checkpoint (value head) has no HF causal-LM form")
@@ -65,7 +67,7 @@ def do_import(hf: str, out: str, tp: int, pp: int) -> dict:
 
 
 def do_export(ckpt: str, out: str, tp: int, pp: int) -> dict:
-    return {"hf": _from_checkpoint(ckpt, tp, pp).save_hf(out)}
+    return {"hf": from_checkpoint(ckpt, tp, pp).save_hf(out)}
 
 
 def do_roundtrip(hf: str, tp: int, pp: int) -> dict:
@@ -89,7 +91,7 @@ def do_roundtrip(hf: str, tp: int, pp: int) -> dict:
 def do_compare(hf: str, ckpt: str, tp: int, pp: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    actor = _from_checkpoint(ckpt, tp, pp)
+    actor = from_checkpoint(ckpt, tp, pp)
     tokenizer = AutoTokenizer.from_pretrained(hf)
     reference = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
     max_diff, agree, total = 0.0, 0, 0
