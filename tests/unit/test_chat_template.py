@@ -16,6 +16,7 @@ templates (tests/data/chat_templates/, sources in its README) over SmolLM2's BPE
 special tokens added: the template's structure is theirs, the merges SmolLM2's."""
 
 import difflib
+import functools
 import os
 
 import pytest
@@ -68,6 +69,12 @@ def published(smollm2: str, name: str):
         tok.backend_tokenizer.post_processor = TemplateProcessing(
             single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", tok.bos_token_id)])
     return tok  # Qwen2.5's <|im_start|>, <|im_end|> (its eos) are SmolLM2's own
+
+
+@pytest.fixture(scope="module")
+def tokenizers(smollm2):
+    """Each tokenizer loaded once for the module's tests (they only read it)."""
+    return functools.cache(lambda name: published(smollm2, name))
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +148,8 @@ def differences(tok, ours: list[int], mask: list[int], theirs: list[int]) -> lis
 
 @pytest.mark.parametrize("role", ["user", "system"])
 @pytest.mark.parametrize("name", ["smollm2", "qwen2.5", "llama-3.1"])
-def test_rollout_ids_match_the_template_but_for_named_differences(smollm2, episode, name, role):
-    tok = published(smollm2, name)
+def test_rollout_ids_match_the_template_but_for_named_differences(tokenizers, episode, name, role):
+    tok = tokenizers(name)
     texts, sampled, observations = episode
     replies = sampled(tok)
     instruction = envs.instruction("babyai")
@@ -181,11 +188,11 @@ def test_rollout_ids_match_the_template_but_for_named_differences(smollm2, episo
     assert differences(tok, ids, mask, theirs) == EXPECTED[name]
 
 
-def test_an_unknown_instruction_role_is_refused(smollm2):
+def test_an_unknown_instruction_role_is_refused(tokenizers):
     from agentgym_mega.config import load_config
 
     with pytest.raises(ValueError, match="instruction_role 'assistant'"):
-        ChatTurns(published(smollm2, "smollm2"), "Be brief.", "assistant")
+        ChatTurns(tokenizers("smollm2"), "Be brief.", "assistant")
     assert load_config(None, ["env.instruction_role=system"]).env.instruction_role == "system"
     with pytest.raises(ValueError, match="instruction_role"):
         load_config(None, ["env.instruction_role=assistant"])
