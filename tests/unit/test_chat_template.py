@@ -188,11 +188,17 @@ def test_rollout_ids_match_the_template_but_for_named_differences(tokenizers, ep
     assert differences(tok, ids, mask, theirs) == EXPECTED[name]
 
 
-def test_an_unknown_instruction_role_is_refused(tokenizers):
+def test_the_configured_role_reaches_the_rollout_and_an_unknown_one_is_refused(tokenizers):
     from agentgym_mega.config import load_config
+    from agentgym_mega.rollout.manager import RolloutManager
 
+    tok = tokenizers("smollm2")
+    cfg = load_config(None, ["env.name=babyai", "env.instruction_role=system"])
+    # No engine or env is called: from_config only builds the manager's ChatTurns.
+    managed = RolloutManager.from_config(cfg, [None], None, tok)
+    assert tok.decode(managed.turns.first("Your goal: x")).startswith(
+        f"<|im_start|>system\n{envs.instruction('babyai')}<|im_end|>\n<|im_start|>user\nYour goal: x<|im_end|>")
     with pytest.raises(ValueError, match="instruction_role 'assistant'"):
-        ChatTurns(tokenizers("smollm2"), "Be brief.", "assistant")
-    assert load_config(None, ["env.instruction_role=system"]).env.instruction_role == "system"
+        ChatTurns(tok, "Be brief.", "assistant")
     with pytest.raises(ValueError, match="instruction_role"):
         load_config(None, ["env.instruction_role=assistant"])
