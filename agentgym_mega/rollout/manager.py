@@ -135,6 +135,9 @@ class ChatTurns:
         closed = tokenizer.apply_chat_template(self._system + _PROBE, tokenize=False)
         self._close = closed[closed.rindex(_REPLY) + len(_REPLY):]  # e.g. "<|im_end|>\n"
         self._closed_probe = closed
+        if not self._next_turn("x").startswith(closed):  # after_reply cuts there
+            raise ValueError("this chat template renders earlier turns differently once another turn follows, "
+                             "so observation turns cannot be appended to the sampled ids")
         self.eos_id = tokenizer.eos_token_id
         self._eos_text = tokenizer.decode([self.eos_id])
 
@@ -159,11 +162,14 @@ class ChatTurns:
         close = self._close
         if reply_ids and reply_ids[-1] == self.eos_id and close.startswith(self._eos_text):
             close = close[len(self._eos_text):]
-        probe = self.tokenizer.apply_chat_template(
+        return self._encode(close + self._next_turn(observation)[len(self._closed_probe):])
+
+    def _next_turn(self, observation: str) -> str:
+        """The probe conversation with `observation` answering it, up to the next reply."""
+        return self.tokenizer.apply_chat_template(
             self._system + _PROBE + [{"role": "user", "content": observation}], tokenize=False,
             add_generation_prompt=True,
         )
-        return self._encode(close + probe[len(self._closed_probe):])
 
 
 def instruction_for(env_cfg) -> str | None:

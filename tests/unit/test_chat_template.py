@@ -202,3 +202,12 @@ def test_the_configured_role_reaches_the_rollout_and_an_unknown_one_is_refused(t
         ChatTurns(tok, "Be brief.", "assistant")
     with pytest.raises(ValueError, match="instruction_role"):
         load_config(None, ["env.instruction_role=assistant"])
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused(smollm2):
+    # e.g. one that counts the turns in a header: the ids already sampled would no longer be a prefix
+    tok = published(smollm2, "smollm2")
+    tok.chat_template = ("{{ messages|length|string }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(ValueError, match="renders earlier turns differently"):
+        ChatTurns(tok)
