@@ -175,6 +175,8 @@ class EnvConfig:
     """Only these categories (BabyAI levels, TextCraft depth-N, SciWorld tasks, Deep Search sources)."""
     instruction: Optional[StrictStr] = None
     """Opens every episode; null: the environment's own (envs/<name>/instruction.txt); "": none."""
+    instruction_role: Literal["user", "system"] = "user"
+    """Where the instruction goes: ahead of the first observation in the first user turn, or a system turn."""
     options: dict[StrictStr, Any] = _default(dict)
     """The kind's own settings for the servers the trainer starts (envs/<name>/options.py; Deep Search's
     retriever, WebArena's sites), checked on load; overrides reach in (env.options.topk=5)."""
@@ -186,10 +188,8 @@ class EnvConfig:
             raise ValueError(f"env.options: {exc}") from None
         _require(self.categories is None or bool(self.categories), "env.categories", self.categories,
                  "a non-empty list of category names, or null")
-        _require(
-            bool(self.server_urls) or self.num_servers >= 1, "env.num_servers", self.num_servers,
-            "an integer >= 1 when env.server_urls is empty",
-        )
+        _require(bool(self.server_urls) or self.num_servers >= 1, "env.num_servers", self.num_servers,
+                 "an integer >= 1 when env.server_urls is empty")
         if self.task_ids is not None:
             bad = [t for t in self.task_ids if t < 0]
             _require(not bad and bool(self.task_ids), "env.task_ids", self.task_ids,

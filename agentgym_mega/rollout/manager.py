@@ -79,6 +79,7 @@ _PROBE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _RE
 
 
 MODES = ("lockstep", "async")
+INSTRUCTION_ROLES = ("user", "system")  # where ChatTurns puts the instruction (env.instruction_role)
 MAX_EPISODE_THREADS = 512  # an async collect's episodes in flight at once; more wait their turn
 
 
@@ -118,24 +119,37 @@ class BusyClock:
 class ChatTurns:
     """Token pieces of a chat template around the sampled replies, found by rendering a probe
     conversation: the prompt of the first turn, what closes an assistant turn, and an
-    observation turn up to the next assistant reply."""
+    observation turn up to the next assistant reply. The instruction goes where
+    `instruction_role` says: a system turn of its own, or ahead of the first observation in the
+    first user turn. The probe starts with the same system turn, so templates that always render
+    a system header (Llama-3.1's dates, Qwen2.5's default prompt) are cut at the same place."""
 
-    def __init__(self, tokenizer, instruction: str | None = None):
+    def __init__(self, tokenizer, instruction: str | None = None, instruction_role: str = "user"):
+        if instruction_role not in INSTRUCTION_ROLES:
+            raise ValueError(f"instruction_role {instruction_role!r}: expected one of {', '.join(INSTRUCTION_ROLES)}")
         self.tokenizer = tokenizer
         self.instruction = instruction
-        closed = tokenizer.apply_chat_template(_PROBE, tokenize=False)
+        as_system = bool(instruction) and instruction_role == "system"
+        self._system = [{"role": "system", "content": instruction}] if as_system else []
+        self._inline = instruction if instruction and not as_system else None
+        closed = tokenizer.apply_chat_template(self._system + _PROBE, tokenize=False)
         self._close = closed[closed.rindex(_REPLY) + len(_REPLY):]  # e.g. "<|im_end|>\n"
         self._closed_probe = closed
+        if not self._next_turn("x").startswith(closed):  # after_reply cuts there
+            raise ValueError("this chat template renders earlier turns differently once another turn follows, "
+                             "so observation turns cannot be appended to the sampled ids")
         self.eos_id = tokenizer.eos_token_id
         self._eos_text = tokenizer.decode([self.eos_id])
 
     def _encode(self, text: str) -> list[int]:
+        # The rendered text already holds the template's special tokens (a bos included): the
+        # tokenizer must not add its own.
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def first(self, observation: str) -> list[int]:
-        content = f"{self.instruction}\n\n{observation}" if self.instruction else observation
+        content = f"{self._inline}\n\n{observation}" if self._inline else observation
         text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+            self._system + [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
         )
         return self._encode(text)
 
@@ -148,15 +162,19 @@ class ChatTurns:
         close = self._close
         if reply_ids and reply_ids[-1] == self.eos_id and close.startswith(self._eos_text):
             close = close[len(self._eos_text):]
-        probe = self.tokenizer.apply_chat_template(
-            _PROBE + [{"role": "user", "content": observation}], tokenize=False, add_generation_prompt=True
+        return self._encode(close + self._next_turn(observation)[len(self._closed_probe):])
+
+    def _next_turn(self, observation: str) -> str:
+        """The probe conversation with `observation` answering it, up to the next reply."""
+        return self.tokenizer.apply_chat_template(
+            self._system + _PROBE + [{"role": "user", "content": observation}], tokenize=False,
+            add_generation_prompt=True,
         )
-        return self._encode(close + probe[len(self._closed_probe):])
 
 
 def instruction_for(env_cfg) -> str | None:
     """The text opening every episode: `env.instruction` when set ("" for none), else the
-    environment's own."""
+    environment's own (sent as `env.instruction_role` says)."""
     if env_cfg.instruction is not None:
         return env_cfg.instruction or None
     return envs.instruction(env_cfg.name)
@@ -172,18 +190,19 @@ class RolloutManager:
         sampling = SamplingConfig(r.temperature, r.top_p, r.max_tokens_per_turn)
         return cls(engines, env, tokenizer, sampling, r.max_model_len, instruction_for(cfg.env), mode=r.mode,
                    episode_timeout_s=r.episode_timeout_s, env_step_timeout_s=r.env_step_timeout_s,
-                   env_group_window_s=r.env_group_window_ms / 1000)
+                   env_group_window_s=r.env_group_window_ms / 1000, instruction_role=cfg.env.instruction_role)
 
     def __init__(self, engines: list, env, tokenizer, sampling: SamplingConfig, max_model_len: int,
                  instruction: str | None = None, mode: str = "async", episode_timeout_s: float | None = None,
-                 env_step_timeout_s: float | None = None, env_group_window_s: float = 0.0):
+                 env_step_timeout_s: float | None = None, env_group_window_s: float = 0.0,
+                 instruction_role: str = "user"):
         if not engines:
             raise ValueError("RolloutManager needs at least one engine")
         if mode not in MODES:
             raise ValueError(f"rollout mode {mode!r}: expected one of {', '.join(MODES)}")
         self.engines = engines
         self.env = env
-        self.turns = ChatTurns(tokenizer, instruction)
+        self.turns = ChatTurns(tokenizer, instruction, instruction_role)
         self.tokenizer = tokenizer
         stop = tuple(sorted(set(sampling.stop_token_ids) | {self.turns.eos_id}))
         self.sampling = dataclasses.replace(sampling, stop_token_ids=stop)
