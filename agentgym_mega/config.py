@@ -4,8 +4,7 @@ A run is described by one :class:`Config`. :func:`load_config` reads a YAML file
 ``include:`` other YAML files, paths relative to itself, later keys winning), applies dotted
 command-line overrides (``trainer.total_steps=50``, values parsed as YAML), and validates the
 result. Anything wrong raises :class:`ConfigError`, whose message names the key, what was given
-and what is allowed; the CLI turns it into exit code 2.
-"""
+and what is allowed; the CLI turns it into exit code 2."""
 
 from __future__ import annotations
 
@@ -28,6 +27,7 @@ from envs import KINDS
 # Field docstrings become descriptions, which `agentgym-mega config-reference` renders.
 _SCHEMA = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 section = dataclass(config=_SCHEMA)
+INSTRUCTION_ROLES = ("user", "system")  # where the rollout's ChatTurns puts env.instruction
 
 
 def _default(factory):
@@ -175,7 +175,7 @@ class EnvConfig:
     """Only these categories (BabyAI levels, TextCraft depth-N, SciWorld tasks, Deep Search sources)."""
     instruction: Optional[StrictStr] = None
     """Opens every episode; null: the environment's own (envs/<name>/instruction.txt); "": none."""
-    instruction_role: Literal["user", "system"] = "user"
+    instruction_role: Literal[INSTRUCTION_ROLES] = "user"
     """Where the instruction goes: ahead of the first observation in the first user turn, or a system turn."""
     options: dict[StrictStr, Any] = _default(dict)
     """The kind's own settings for the servers the trainer starts (envs/<name>/options.py; Deep Search's

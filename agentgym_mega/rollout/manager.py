@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import envs
+from agentgym_mega.config import INSTRUCTION_ROLES
 from agentgym_mega.remote import call_async
 from agentgym_mega.rollout.batch import Episode, TrajectoryBatch
 from agentgym_mega.rollout.engines import SamplingConfig
@@ -79,7 +80,6 @@ _PROBE = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _RE
 
 
 MODES = ("lockstep", "async")
-INSTRUCTION_ROLES = ("user", "system")  # where ChatTurns puts the instruction (env.instruction_role)
 MAX_EPISODE_THREADS = 512  # an async collect's episodes in flight at once; more wait their turn
 
 
