@@ -81,7 +81,9 @@ def _add_bench_train(benches) -> None:
     for name, what in (("layers", "decoder layers"), ("hidden", "hidden size"), ("heads", "attention heads"),
                        ("kv-heads", "key/value heads (even: TP=2 splits them)"), ("vocab", "vocabulary size"),
                        ("ffn", "MLP width (default 3 x hidden)"), ("batch", "sequences per step"),
-                       ("seq", "tokens per sequence"), ("rounds", "alternating rounds (default 3)")):
+                       ("seq", "tokens per sequence"), ("rounds", "alternating rounds (default 3)"),
+                       ("warmup", "untimed steps per side and round (default 5)"),
+                       ("iters", "timed steps per side and round (default 10)")):
         b.add_argument(f"--{name}", type=COUNT, default=None, help=what)
     b.add_argument("--model", help="a Hugging Face model directory to measure, its own shape and weights, instead "
                                    "of the tiny model (TP=2 left out, with why, where its heads do not split)")
@@ -96,7 +98,7 @@ def _run_bench_train(args) -> dict:
         return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
     shape = given("layers", "hidden", "heads", "kv_heads", "vocab", "ffn")
-    run = given("batch", "seq", "rounds")
+    run = given("batch", "seq", "rounds", "warmup", "iters")
     if args.model:
         if shape:
             raise BadInput(f"--model {args.model} brings its own shape: leave out "
