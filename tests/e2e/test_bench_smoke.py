@@ -83,7 +83,9 @@ def test_bench_train_on_a_model_directory_leaves_out_the_splits_its_heads_refuse
 
     model = make_tiny_model(str(tmp_path / "llama"), TinySpec(arch="llama", layers=1, hidden=96, heads=3,
                                                                kv_heads=3, vocab=512))
-    report = _bench(tmp_path, "train", "--model", model, "--batch", "1", "--seq", "32", "--rounds", "1")
+    report = _bench(tmp_path, "train", "--model", model, "--batch", "1", "--seq", "32", "--rounds", "1",
+                    "--warmup", "1", "--iters", "2")
+    assert (report["warmup"], report["iters"]) == (1, 2)
     assert report["model"]["path"] == model and (report["model"]["heads"], report["model"]["layers"]) == (3, 1)
     assert report["cores"] == {"hf": 1, "tp1": 1} and set(report["ratio_megatron_over_hf"]) == {"tp1"}
     assert "num_attention_heads=3" in report["left_out"]["tp2"]
