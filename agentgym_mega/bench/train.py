@@ -1,5 +1,7 @@
 """`agentgym-mega bench train`: forward+backward tokens per second of the megatron actor
-against Hugging Face transformers, same model and batch, at TP=1 and TP=2 on this machine.
+against Hugging Face transformers, same model and batch, at TP=1 and TP=2 on this machine; on a
+tiny model built for it, or on a given Hugging Face directory (a real model's shape and weights,
+at the TP sizes its heads split over).
 
 Both sides compute the mean next-token negative log-likelihood of the batch and backpropagate it
 (no optimizer step). Every process runs one torch thread: transformers and megatron TP=1 use one
@@ -24,6 +26,7 @@ import torch
 
 from agentgym_mega import platform
 from agentgym_mega.config import validate
+from agentgym_mega.models import gpt, mapping
 from agentgym_mega.models.tiny import TinySpec, make_tiny_model
 from agentgym_mega.platform.local_ranks import run_on_local_ranks
 
@@ -43,6 +46,30 @@ class BenchSpec:
     threads: int = 1  # per process
     model: TinySpec = dataclasses.field(
         default_factory=lambda: TinySpec(arch="qwen2", layers=4, hidden=256, heads=8, kv_heads=2, vocab=2048))
+    model_dir: str | None = None  # a Hugging Face directory measured instead of a tiny model built from `model`
+    tps: tuple[int, ...] = (1, 2)  # the megatron layouts
+
+
+def geometry(model_dir: str) -> mapping.Geometry:
+    from transformers import AutoConfig
+
+    return mapping.Geometry.of(AutoConfig.from_pretrained(model_dir), padded_vocab=0)
+
+
+def _shape(geo: mapping.Geometry) -> dict:
+    return {k: v for k, v in dataclasses.asdict(geo).items() if k != "padded_vocab"}
+
+
+def splits(geo: mapping.Geometry, tps: tuple[int, ...] = (1, 2)) -> tuple[tuple[int, ...], dict[str, str]]:
+    """The TP sizes of ``tps`` this model splits over, and why each other one does not."""
+    kept, refused = [], {}
+    for tp in tps:
+        try:
+            gpt.check_split(geo.layers, geo.heads, geo.kv_heads, geo.ffn, tp=tp, pp=1)
+            kept.append(tp)
+        except mapping.MappingError as exc:
+            refused[f"tp{tp}"] = str(exc)
+    return tuple(kept), refused
 
 
 def _batch(spec: BenchSpec, vocab: int) -> torch.Tensor:
@@ -96,15 +123,15 @@ def megatron_step_times(hf_dir: str, tp: int, spec: BenchSpec) -> list[float]:
     return _timed(step, spec)
 
 
-def run(spec: BenchSpec | None = None) -> dict:
+def run(spec: BenchSpec | None = None, left_out: dict[str, str] | None = None) -> dict:
     """The report. Its headline ratio compares whole layouts, so at TP=2 it sets two cores against
-    transformers' one; the per-core figures (`cores`, `*_per_core`) divide each side by its cores."""
+    transformers' one; the per-core figures (`cores`, `*_per_core`) divide each side by its cores.
+    ``left_out``: the layouts not run, each with why (reported as given)."""
     spec = spec or BenchSpec()
-    sides = {"hf": (hf_step_times, 1, ()), "tp1": (megatron_step_times, 1, (1,)),
-             "tp2": (megatron_step_times, 2, (2,))}
+    sides = {"hf": (hf_step_times, 1, ())} | {f"tp{tp}": (megatron_step_times, tp, (tp,)) for tp in spec.tps}
     times = {name: [] for name in sides}
     with tempfile.TemporaryDirectory() as tmp:
-        hf_dir = make_tiny_model(os.path.join(tmp, "model"), spec.model)
+        hf_dir = spec.model_dir or make_tiny_model(os.path.join(tmp, "model"), spec.model)
         for _ in range(spec.rounds):
             for name, (fn, ranks, args) in sides.items():
                 times[name].append(run_on_local_ranks(fn, ranks, hf_dir, *args, spec, threads=spec.threads)[0])
@@ -114,13 +141,15 @@ def run(spec: BenchSpec | None = None) -> dict:
         return tokens / statistics.median(steps)
 
     hf = tokens_per_s([t for r in times["hf"] for t in r])
-    megatron = {name: tokens_per_s([t for r in times[name] for t in r]) for name in ("tp1", "tp2")}
+    megatron = {name: tokens_per_s([t for r in times[name] for t in r]) for name in sides if name != "hf"}
     cores = {name: ranks * spec.threads for name, (_, ranks, _) in sides.items()}
     per_core = {k: v / cores[k] for k, v in megatron.items()}
     report = {
         "what": "forward+backward tokens/s (median step), mean next-token NLL, fp32, CPU; ratio_megatron_over_hf "
-                "sets tp2's 2 cores against transformers' 1, ratio_megatron_over_hf_per_core divides each by its cores",
-        "model": dataclasses.asdict(spec.model),
+                "sets tpN's N cores against transformers' 1, ratio_megatron_over_hf_per_core divides each by its cores",
+        "model": ({"path": spec.model_dir, **_shape(geometry(spec.model_dir))} if spec.model_dir
+                  else dataclasses.asdict(spec.model)),
+        "left_out": left_out or {},
         "batch": spec.batch, "seq": spec.seq, "warmup": spec.warmup, "iters": spec.iters, "rounds": spec.rounds,
         "threads_per_process": spec.threads,
         "hf_tokens_per_s": round(hf, 1),

@@ -14,6 +14,7 @@ from agentgym_mega.cli.options import (
     counts,
     json_option,
     name_list,
+    require_hf_dir,
     validate_spec,
     write_json,
 )
@@ -73,14 +74,19 @@ def _add_bench_train(benches) -> None:
             "and the same per core (TP=2 runs on two cores, transformers and TP=1 on one).\n"
             "Without options it measures the figure docs/results.md tracks (4 layers, hidden 256, 8\n"
             "heads, 2 KV heads, vocab 2048, 4 x 256 tokens); the options below change one part of that\n"
-            "to see how the ratio moves with the model's size."
+            "to see how the ratio moves with the model's size. --model DIR measures a real model\n"
+            "instead (e.g. runs/models/smollm2-135m-instruct, the figure tracked since #41)."
         ),
     )
     for name, what in (("layers", "decoder layers"), ("hidden", "hidden size"), ("heads", "attention heads"),
                        ("kv-heads", "key/value heads (even: TP=2 splits them)"), ("vocab", "vocabulary size"),
                        ("ffn", "MLP width (default 3 x hidden)"), ("batch", "sequences per step"),
-                       ("seq", "tokens per sequence"), ("rounds", "alternating rounds (default 3)")):
+                       ("seq", "tokens per sequence"), ("rounds", "alternating rounds (default 3)"),
+                       ("warmup", "untimed steps per side and round (default 5)"),
+                       ("iters", "timed steps per side and round (default 10)")):
         b.add_argument(f"--{name}", type=COUNT, default=None, help=what)
+    b.add_argument("--model", help="a Hugging Face model directory to measure, its own shape and weights, instead "
+                                   "of the tiny model (TP=2 left out, with why, where its heads do not split)")
     json_option(b, BENCH_JSON)
 
 
@@ -91,7 +97,16 @@ def _run_bench_train(args) -> dict:
     def given(*names: str) -> dict:  # the options given on the command line
         return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
-    model = dataclasses.replace(spec.model, **given("layers", "hidden", "heads", "kv_heads", "vocab", "ffn"))
+    shape = given("layers", "hidden", "heads", "kv_heads", "vocab", "ffn")
+    run = given("batch", "seq", "rounds", "warmup", "iters")
+    if args.model:
+        if shape:
+            raise BadInput(f"--model {args.model} brings its own shape: leave out "
+                           f"{', '.join('--' + n.replace('_', '-') for n in shape)}")
+        require_hf_dir("--model", args.model)
+        tps, left_out = bench.splits(bench.geometry(args.model))
+        return bench.run(dataclasses.replace(spec, model_dir=args.model, tps=tps, **run), left_out)
+    model = dataclasses.replace(spec.model, **shape)
     validate_spec(model)
     from agentgym_mega.models import gpt, mapping
 
@@ -99,7 +114,7 @@ def _run_bench_train(args) -> dict:
         gpt.check_split(model.layers, model.heads, model.kv_heads, model.mlp_width, tp=2, pp=1)
     except mapping.MappingError as exc:
         raise BadInput(str(exc)) from None
-    return bench.run(dataclasses.replace(spec, model=model, **given("batch", "seq", "rounds")))
+    return bench.run(dataclasses.replace(spec, model=model, **run))
 
 
 def _add_bench_rollout(benches) -> None:

@@ -76,6 +76,25 @@ def test_bench_train(tmp_path):
             report["ratio_megatron_over_hf"][layout] / report["cores"][layout], abs=2e-3)
 
 
+def test_bench_train_on_a_model_directory_leaves_out_the_splits_its_heads_refuse(tmp_path):
+    """--model measures that directory (how the real-model figure is taken): SmolLM2's 9 heads /
+    3 KV heads at toy size, which TP=2 cannot split, so only TP=1 runs and the report says why."""
+    from agentgym_mega.models.tiny import TinySpec, make_tiny_model
+
+    model = make_tiny_model(str(tmp_path / "llama"), TinySpec(arch="llama", layers=1, hidden=96, heads=3,
+                                                               kv_heads=3, vocab=512))
+    report = _bench(tmp_path, "train", "--model", model, "--batch", "1", "--seq", "32", "--rounds", "1",
+                    "--warmup", "1", "--iters", "2")
+    assert (report["warmup"], report["iters"]) == (1, 2)
+    assert report["model"]["path"] == model and (report["model"]["heads"], report["model"]["layers"]) == (3, 1)
+    assert report["cores"] == {"hf": 1, "tp1": 1} and set(report["ratio_megatron_over_hf"]) == {"tp1"}
+    assert "num_attention_heads=3" in report["left_out"]["tp2"]
+    _positive(report, "hf_tokens_per_s", "megatron_tokens_per_s.tp1", "ratio_megatron_over_hf_per_core.tp1")
+    # the directory brings its shape: a shape option beside it is refused before anything starts
+    done = run_cli("bench", "train", "--model", model, "--layers", "2")
+    assert done.returncode == 2 and "--layers" in done.stderr, done.stderr[-2000:]
+
+
 def test_bench_startup(tmp_path, tiny_model):
     report = _bench(tmp_path, "startup", "--model", tiny_model)
     assert len(report["tp2"]) == 2
