@@ -2,8 +2,9 @@
 task at the run's temperature, the environment's evaluation turn cap, and Avg@n (mean episode
 score, on [0, 1] for every environment: the paper's SciWorld figures are these times 100),
 Pass@n (share of tasks with a sample scoring above 0, as the paper defines it) and the success
-rate (share of samples the environment calls successful), overall and per category. Episodes
-that ended on an env error or a timeout are left out of all three and counted in `env_errors`
+rate (share of samples the environment calls successful), overall and per category, with the
+valid-action rate (share of replies the env server parsed as an action). Episodes
+that ended on an env error or a timeout are left out of all four and counted in `env_errors`
 and `timeouts`."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import tempfile
 from typing import TYPE_CHECKING
 
 import envs
+from agentgym_mega.metrics import valid_action_rate
 from agentgym_mega.rollout.status import Status
 from agentgym_mega.rollout.tasks import select_tasks
 
@@ -36,6 +38,7 @@ def _scores(episodes) -> dict:
         "avg": sum(e.score for e in samples) / n,
         "pass": sum(any(e.score > 0 for e in eps) for eps in by_task.values()) / max(1, len(by_task)),
         "success": sum(e.success for e in samples) / n,
+        "valid": valid_action_rate(samples),
     }
 
 
@@ -55,10 +58,11 @@ def summarize(episodes, n: int) -> dict:
 
 def table(report: dict) -> str:
     n = report["n"]
-    lines = [f"{'category':<24}{'tasks':>7}{f'Avg@{n}':>10}{f'Pass@{n}':>10}{'success':>10}"]
+    lines = [f"{'category':<24}{'tasks':>7}{f'Avg@{n}':>10}{f'Pass@{n}':>10}{'success':>10}{'valid':>10}"]
     rows = list(report["categories"].items()) + [("overall", report["overall"])]
     for name, row in rows:
-        lines.append(f"{name:<24}{row['tasks']:>7}{row['avg']:>10.4f}{row['pass']:>10.4f}{row['success']:>10.4f}")
+        lines.append(f"{name:<24}{row['tasks']:>7}{row['avg']:>10.4f}{row['pass']:>10.4f}{row['success']:>10.4f}"
+                     f"{row['valid']:>10.4f}")
     return "\n".join(lines)
 
 

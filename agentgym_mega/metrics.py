@@ -13,11 +13,17 @@ from agentgym_mega.rollout.status import Status
 # logging.tensorboard, matplotlib for the one plot at a run's end, not at the driver's start-up.
 
 
+def valid_action_rate(episodes) -> float:
+    """The share of replies the env servers parsed as an action, over all replies of `episodes`
+    (0 when there are none)."""
+    return sum(e.valid_actions for e in episodes) / max(1, sum(e.turns for e in episodes))
+
+
 def episode_metrics(batch) -> dict:
-    """Reward, success, turns, lengths and how episodes ended, over a rollout batch. Reward,
-    success and group spread cover only the trained episodes (those that ended on an env error
-    or a timeout are counted in `episode/env_errors` and `episode/timeouts`, and trained on by
-    nobody)."""
+    """Reward, success, valid-action rate, turns, lengths and how episodes ended, over a rollout
+    batch. Reward, success, valid-action rate and group spread cover only the trained episodes
+    (those that ended on an env error or a timeout are counted in `episode/env_errors` and
+    `episode/timeouts`, and trained on by nobody)."""
     episodes = batch.episodes
     valid = [e for e in episodes if e.trained]
     n, n_valid = max(1, len(episodes)), max(1, len(valid))
@@ -30,6 +36,7 @@ def episode_metrics(batch) -> dict:
         "reward/success_rate": sum(e.success for e in valid) / n_valid,
         # GRPO and RLOO learn only from tasks whose samples scored differently
         "reward/groups_with_spread": sum(max(g) > min(g) for g in groups.values()) / max(1, len(groups)),
+        "episode/valid_action_rate": valid_action_rate(valid),
         "episode/turns_mean": sum(e.turns for e in episodes) / n,
         "episode/response_tokens_mean": sum(e.response_tokens for e in episodes) / n,
         "episode/done": count(Status.DONE),

@@ -16,6 +16,11 @@ Every reset and step answer keeps AgentGym's fields (`observation`, `reward`, `d
   normalisation), else 0; success means that match. WebArena: 0 until `stop [answer]`, then the
   product of the task's evaluators (each 0 or 1 for the shipped tasks); success means 1.
 
+Every step answer also carries `valid_action`: whether the reply parsed as an action of the
+environment (a command form of TextCraft, BabyAI or ScienceWorld's parser; a Deep Search tag pair;
+a WebArena action). An action that parsed but failed (an unseen object, a missing item) is valid.
+AgentGym's original clients ignore the extra field.
+
 `instruction(name)` is the text that opens an episode for the model: the reply format and the
 environment's commands and rules, read from `envs/<name>/instruction.txt` without importing the
 environment (no minigrid, no JVM in the trainer). `eval_max_turns(name)` is the turn limit the

@@ -29,6 +29,7 @@ class Episode:
     status: Status
     response_tokens: int  # tokens the policy generated (the loss-masked ones)
     error: str | None = None
+    valid_actions: int = 0  # replies the env server parsed as an action (envs.server: valid_action)
 
     @property
     def trained(self) -> bool:

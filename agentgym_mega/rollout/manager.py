@@ -61,6 +61,7 @@ class _Live:
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)  # weights version per token, -1 unsampled
     turns: int = 0
+    valid_actions: int = 0  # replies the env server parsed as an action
     score: float = 0.0
     success: bool = False
     status: Status | None = None  # set when the episode ends
@@ -314,6 +315,7 @@ class RolloutManager:
         # The server's episode score on [0, 1] and its own success verdict (a SciWorld step's
         # reward is only the score's change).
         ep.score, ep.success = float(result["episode_score"]), bool(result["success"])
+        ep.valid_actions += bool(result["valid_action"])
         if result["done"] or ep.turns >= ep.max_turns:
             ep.status = Status.DONE if result["done"] else Status.HORIZON
             return
@@ -389,7 +391,7 @@ class RolloutManager:
             if len(trained):
                 rewards[row, trained[-1, 0]] = ep.score  # terminal reward on the last assistant token
         episodes = [Episode(ep.task.id, ep.task.category, ep.group_id, ep.score, ep.success, ep.turns,
-                            ep.status, sum(ep.mask), ep.error) for ep in live]
+                            ep.status, sum(ep.mask), ep.error, ep.valid_actions) for ep in live]
         return TrajectoryBatch(
             input_ids=ids, attention_mask=attention, loss_mask=mask, rollout_logprobs=logprobs,
             rewards=rewards, group_ids=torch.tensor([ep.group_id for ep in live]),

@@ -5,7 +5,8 @@ moves by breadth-first search over the grid. Rewards are minigrid's own (1 - 0.9
 max_steps on success), summed over the primitive moves an action expands to.
 
 episode_score is that success reward once the mission is accomplished, else 0; success means the
-episode ended with a positive reward (minigrid's success, not a failed or timed-out mission)."""
+episode ended with a positive reward (minigrid's success, not a failed or timed-out mission).
+A step's valid_action says whether the command had one of the command forms."""
 
 from __future__ import annotations
 
@@ -61,11 +62,13 @@ class BabyAIEnv:
         command = action.strip().lower().rstrip(".!")
         if command == CHECK:
             self._observation = self._describe()
-            return self._answer(0.0, False)
+            return {**self._answer(0.0, False), "valid_action": True}
         plan = self._plan(command)
         if isinstance(plan, str):  # why the action cannot be carried out; the world is unchanged
             self._observation = f"{plan}\n{self._describe()}"
-            return self._answer(0.0, False)
+            # A known command form that cannot be carried out (an unseen object) was still an action.
+            valid = command in PRIMITIVES or command.startswith(HIGH_LEVEL)
+            return {**self._answer(0.0, False), "valid_action": valid}
         reward, done = 0.0, False
         for primitive in plan:
             _, r, terminated, truncated, _ = self._env.step(primitive)
@@ -76,7 +79,7 @@ class BabyAIEnv:
         self._score += reward
         self._success = self._success or (done and reward > 0)
         self._observation = self._describe()
-        return self._answer(reward, done)
+        return {**self._answer(reward, done), "valid_action": True}
 
     def _answer(self, reward: float, done: bool) -> dict:
         # "score" is this step's reward, as the original's (minigrid rewards only the last step).

@@ -7,7 +7,8 @@ matches a golden answer after SQuAD normalisation ends the episode with reward 1
 keeps it going, as in AgentGym. Anything else, an empty or over-long query, or a retriever that
 fails gets an observation saying what to do, never an error: the episode goes on.
 
-episode_score is 1.0 once an answer matched, else 0; success means that match.
+episode_score is 1.0 once an answer matched, else 0; success means that match. A step's
+valid_action says whether the reply held a search or answer tag pair.
 """
 
 from __future__ import annotations
@@ -80,18 +81,18 @@ class DeepSearchEnv:
         action = parse_action(reply)
         if action is None:
             self._observation = NO_ACTION
-            return self._answer(0.0, False)
+            return {**self._answer(0.0, False), "valid_action": False}
         kind, text = action
         if kind == "answer":
             if exact_match(text, self._question.golden_answers):
                 self._solved = True
                 self._observation = f'Your answer "{text}" is correct.'
-                return self._answer(1.0, True)
+                return {**self._answer(1.0, True), "valid_action": True}
             self._observation = (f'Your answer "{text}" is not correct. Search for more information, '
                                  "or give another answer.")
-            return self._answer(0.0, False)
+            return {**self._answer(0.0, False), "valid_action": True}
         self._observation = self._search(text)
-        return self._answer(0.0, False)
+        return {**self._answer(0.0, False), "valid_action": True}
 
     def _search(self, query: str) -> str:
         query = " ".join(query.split())

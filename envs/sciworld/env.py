@@ -5,7 +5,8 @@ score, and an end to the JVM on close (the original servers leaked one per insta
 the score / 100 with a failed task's negative score counted as 0; success means the score reached
 100 or ScienceWorld flags the task completed (it never does for a failed one). The reset answer
 also carries the original's task_description, task_name and var_num; its observation already
-starts with the task description, which AgentGym's client prepends once more."""
+starts with the task description, which AgentGym's client prepends once more. A step's valid_action
+is False when ScienceWorld's parser matched no action."""
 
 from __future__ import annotations
 
@@ -54,13 +55,14 @@ class SciWorldEnv:
 
     def step(self, action: str) -> dict:
         obs, score, completed, done = self._call(lambda: self._simulate(action))
-        if obs.strip() == UNKNOWN_ACTION:
+        valid = obs.strip() != UNKNOWN_ACTION
+        if not valid:
             forms = self._call(self._env.get_possible_actions)
             obs = f"{obs} Valid command forms (OBJ is an object you can see): {', '.join(forms)}."
         reward, self._score = score - self._score, score
         self._success = self._success or score >= 100 or (completed and score >= 0)
         self._observation = obs
-        return self._answer(reward, done)
+        return {**self._answer(reward, done), "valid_action": valid}
 
     def _answer(self, reward: int, done: bool) -> dict:
         return {"observation": self._observation, "reward": float(reward), "score": float(self._score),

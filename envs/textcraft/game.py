@@ -2,7 +2,7 @@
 the AgentGym goal selection (data_idx modulo 544, ordered by depth) and observation.
 
 episode_score is 1.0 once the goal is crafted (the package's reward 1), else 0; success means the
-goal is crafted."""
+goal is crafted. A step's valid_action says whether the action matched one of the command forms."""
 
 from __future__ import annotations
 
@@ -35,11 +35,14 @@ class TextCraftEnv:
 
     def step(self, action: str) -> dict:
         observation, reward, done, _, _ = self._game.step(action)
-        if observation.startswith("Could not execute"):
+        # The package says "Could not execute" only when no command form matched; a matched form
+        # that fails ("Could not find ...") was still an action.
+        valid = not observation.startswith("Could not execute")
+        if not valid:
             observation = f"{observation}. Valid commands: {', '.join(COMMAND_FORMS)}."
         self._observation = observation
         self._crafted = self._crafted or reward > 0  # the package rewards only crafting the goal
-        return self._answer(float(reward), bool(done))
+        return {**self._answer(float(reward), bool(done)), "valid_action": valid}
 
     def _answer(self, reward: float, done: bool) -> dict:
         return {"observation": self._observation, "reward": reward, "done": done,

@@ -78,7 +78,7 @@ class WebArenaEnv:
         try:
             parsed = actions.parse(action)
         except actions.BadAction as exc:
-            return self._answer(str(exc), 0.0, False, observe=False)
+            return {**self._answer(str(exc), 0.0, False, observe=False), "valid_action": False}
         self._previous = str(parsed)
         if parsed.name == "stop":
             try:
@@ -86,11 +86,11 @@ class WebArenaEnv:
             except evaluators.JudgeError as exc:  # unscored, not wrong: the run logs and counts it
                 log.error("task %d: the judge failed: %s", self._task.id, exc)
                 answer = self._answer("The episode is over (the judge could not score it).", 0.0, True, observe=False)
-                return {**answer, "judge_error": str(exc)}
+                return {**answer, "judge_error": str(exc), "valid_action": True}
             answer = self._answer(f"The episode is over (score {outcome.score:g}).", outcome.score, True, observe=False)
-            return {**answer, "unjudged": outcome.unjudged}
+            return {**answer, "unjudged": outcome.unjudged, "valid_action": True}
         note = self._run(self._act(parsed), self._opts.step_timeout_s)
-        return self._answer(note, 0.0, False)
+        return {**self._answer(note, 0.0, False), "valid_action": True}
 
     def observation(self) -> str:
         return self._observation

@@ -96,7 +96,7 @@ def test_pickup_and_toggle_through_doors():
     pickups = [a for a in _available(obs) if a.startswith("pickup ")]
     assert pickups
     result = env.step(pickups[0])
-    assert env.minigrid_env.carrying is not None
+    assert env.minigrid_env.carrying is not None and result["valid_action"] is True
     assert "You are carrying a" in result["observation"] and "drop" in _available(result["observation"])
 
 
@@ -108,6 +108,9 @@ def test_invalid_and_unseen_targets_leave_the_world_unchanged():
     assert "is not a valid action" in bad["observation"] and "go to <object>" in bad["observation"]
     unseen = env.step("go to purple box 9")
     assert "You cannot see 'purple box 9'" in unseen["observation"]
+    # an unseen target is a command of a known form that cannot be carried out: still an action
+    assert (bad["valid_action"], unseen["valid_action"], env.step("check available actions")["valid_action"]) == (
+        False, True, True)
     assert (tuple(env.minigrid_env.agent_pos), env.minigrid_env.agent_dir, env.minigrid_env.step_count) == pose
 
 

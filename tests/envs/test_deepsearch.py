@@ -74,7 +74,9 @@ def test_an_episode_searches_answers_wrong_then_right():
     wrong = env.step("<answer>Orvania City</answer>")
     assert (wrong["reward"], wrong["done"], wrong["success"]) == (0.0, False, False)
     assert 'Your answer "Orvania City" is not correct' in wrong["observation"]
-    assert env.step("no tags at all")["observation"] == NO_ACTION
+    assert (searched["valid_action"], wrong["valid_action"]) == (True, True)
+    untagged = env.step("no tags at all")
+    assert untagged["observation"] == NO_ACTION and untagged["valid_action"] is False
     assert "empty" in env.step("<search> </search>")["observation"]
     long = env.step(f"<search>{'x' * 51}</search>")["observation"]
     assert "51 characters; the limit is 50" in long and len(retriever.queries) == 1  # refused before searching
@@ -210,7 +212,7 @@ def test_malformed_replies_and_huge_queries_get_observations_or_clear_errors(dee
     _post(s, "/reset", {"id": iid, "data_idx": 0})
     for reply in ("<search>unclosed", "<answer>x</search>", "Action: search capital", ""):
         out = _post(s, "/step", {"id": iid, "action": reply}).json()
-        assert out["observation"] == NO_ACTION and out["done"] is False, reply
+        assert out["observation"] == NO_ACTION and out["done"] is False and out["valid_action"] is False, reply
     huge = _post(s, "/step", {"id": iid, "action": f"<search>{'word ' * 1000}</search>"}).json()
     assert "the limit is 1000" in huge["observation"]
     too_big = _post(s, "/step", {"id": iid, "action": f"<search>{'x' * 20000}</search>"})

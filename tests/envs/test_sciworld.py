@@ -86,9 +86,12 @@ def test_episode_score_and_success_partial_failed_and_reset_fields():
         assert first["observation"].startswith(first["task_description"])  # AgentGym's client reads both
         partial = [r for r in map(env.step, gold[:-1]) if 0 < r["score"] < 100]
         assert partial and all(r["episode_score"] == r["score"] / 100 and r["success"] is False for r in partial)
+        assert all(r["valid_action"] for r in partial)
         env.reset(_first("1-1"))  # boil: focusing on anything but the substance fails the task
+        assert env.step("xyzzy")["valid_action"] is False  # ScienceWorld's parser matched no action
         failed = env.step("focus on agent")
         assert failed["done"] and failed["score"] == -100.0 and failed["reward"] == -100.0
+        assert failed["valid_action"] is True  # a losing action is still an action
         assert (failed["episode_score"], failed["success"]) == (0.0, False)
     finally:
         env.close()

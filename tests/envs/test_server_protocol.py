@@ -26,7 +26,7 @@ def test_agentgym_episode_with_bare_and_react_actions(textcraft_server):
     assert reset["observation"].startswith("Crafting commands:") and reset["done"] is False
     bare = _post(s, "/step", {"id": iid, "action": "get 2 oak logs"}).json()
     assert bare == {"observation": "Got 2 oak logs", "reward": 0.0, "done": False, "episode_score": 0.0,
-                    "success": False}
+                    "success": False, "valid_action": True}
     reply = "Thought: I need to check.\nAction: inventory\nThen I will craft."
     react = _post(s, "/step", {"id": iid, "action": reply}).json()
     assert react["observation"] == "Inventory: [oak logs] (2) "
@@ -91,6 +91,7 @@ def test_babyai_ids_and_unknown_commands(babyai_server):
         "allowed: an integer >= 0 (level = id % 40 + 1, seed = id // 40)")
     out = _post(s, "/step", {"id": iid, "action": "Action: dance"}).json()
     assert "'dance' is not a valid action" in out["observation"] and "go to <object>" in out["observation"]
+    assert out["valid_action"] is False
 
 
 def test_batch_results_are_per_item(textcraft_server):

@@ -47,17 +47,20 @@ def test_observation_lists_groups_and_crafting_needs_concrete_items():
     assert env.step("craft 4 oak planks using 1 oak logs")["observation"] == "Crafted 4 minecraft:oak_planks"
     group = env.step("craft 1 loom using 2 planks, 2 string")
     assert "Could not" in group["observation"] and (group["episode_score"], group["success"]) == (0.0, False)
+    assert group["valid_action"] is True  # a craft command that failed is still an action
     done = env.step("craft 1 loom using 2 oak planks, 2 string")
     assert done == {"observation": "Crafted 1 minecraft:loom", "reward": 1.0, "done": True, "episode_score": 1.0,
-                    "success": True}
+                    "success": True, "valid_action": True}
     assert env.reset(loom)["episode_score"] == 0.0  # a new episode starts from 0
 
 
 def test_invalid_command_names_the_valid_forms():
     env = TextCraftEnv()
     env.reset(3)
-    obs = env.step("please craft something")["observation"]
-    assert obs.startswith("Could not execute please craft something")
+    bad = env.step("please craft something")
+    assert bad["observation"].startswith("Could not execute please craft something")
+    assert bad["valid_action"] is False
+    obs = bad["observation"]
     assert "get <count> <item>" in obs and "craft <count> <item> using" in obs and "inventory" in obs
 
 

@@ -115,9 +115,12 @@ def test_bad_actions_and_bad_pages_come_back_as_observations(server):
         first = episode.reset(0)
         base = first["observation"].split("URL: ", 1)[1].split("/", 3)[:3]
         base = "/".join(base)
-        assert "There is no element [999999]" in episode.step("```click [999999]```")["observation"]
-        assert "No action found" in episode.step("I am not sure what to do.")["observation"]
-        assert "not a valid action" in episode.step("```fly [12]```")["observation"]
+        missing = episode.step("```click [999999]```")
+        assert "There is no element [999999]" in missing["observation"] and missing["valid_action"] is True
+        no_action = episode.step("I am not sure what to do.")
+        assert "No action found" in no_action["observation"] and no_action["valid_action"] is False
+        unknown = episode.step("```fly [12]```")
+        assert "not a valid action" in unknown["observation"] and unknown["valid_action"] is False
         assert "HTTP 404" in episode.step(f"```goto [{base}/no/such/page]```")["observation"]
         with refused_url() as url:
             closed = episode.step(f"```goto [{url}/]```")["observation"]

@@ -296,24 +296,28 @@ def test_gae_estimator_uses_values_and_token_rewards():
 def test_eval_summary_avg_pass_at_n_and_success():
     import dataclasses
 
-    from agentgym_mega.evaluation import summarize
+    from agentgym_mega.evaluation import summarize, table
     from agentgym_mega.rollout.batch import Episode
     from agentgym_mega.rollout.status import Status
 
-    def ep(task, category, score):  # success as a SciWorld task has it: full score only
-        return Episode(task, category, task, score, score == 1.0, 3, Status.DONE, 10)
+    def ep(task, category, score, valid):  # success as a SciWorld task has it: full score only
+        return Episode(task, category, task, score, score == 1.0, 3, Status.DONE, 10, valid_actions=valid)
 
-    broken = dataclasses.replace(ep(1, "depth1", 1.0), status=Status.ENV_ERROR)  # left out of every figure
-    episodes = [ep(0, "depth1", 1.0), ep(0, "depth1", 0.0), ep(1, "depth1", 0.0), ep(1, "depth1", 0.0),
-                ep(2, "depth2", 0.5), ep(2, "depth2", 0.5), broken]
+    broken = dataclasses.replace(ep(1, "depth1", 1.0, 3), status=Status.ENV_ERROR)  # left out of every figure
+    episodes = [ep(0, "depth1", 1.0, 3), ep(0, "depth1", 0.0, 0), ep(1, "depth1", 0.0, 1), ep(1, "depth1", 0.0, 2),
+                ep(2, "depth2", 0.5, 3), ep(2, "depth2", 0.5, 3), broken]
     report = summarize(episodes, n=2)
     # Avg@2: mean of the six scores; Pass@2: tasks 0 and 2 of 3 have a sample > 0; success: 1 of 6
-    # samples is a success (scoring 0.5 is progress, not success)
+    # samples is a success (scoring 0.5 is progress, not success); valid: replies parsed as an
+    # action over all replies, 12 of 18 (depth1 6 of 12, depth2 6 of 6)
     assert report["overall"] == {"tasks": 3, "avg": pytest.approx(2.0 / 6), "pass": pytest.approx(2 / 3),
-                                 "success": pytest.approx(1 / 6)}
-    assert report["categories"]["depth1"] == {"tasks": 2, "avg": 0.25, "pass": 0.5, "success": 0.25}
-    assert report["categories"]["depth2"] == {"tasks": 1, "avg": 0.5, "pass": 1.0, "success": 0.0}
+                                 "success": pytest.approx(1 / 6), "valid": pytest.approx(2 / 3)}
+    assert report["categories"]["depth1"] == {"tasks": 2, "avg": 0.25, "pass": 0.5, "success": 0.25, "valid": 0.5}
+    assert report["categories"]["depth2"] == {"tasks": 1, "avg": 0.5, "pass": 1.0, "success": 0.0, "valid": 1.0}
     assert report["env_errors"] == 1
+    lines = table(report).splitlines()
+    assert lines[0].split()[-1] == "valid"
+    assert lines[-1].split() == ["overall", "3", "0.3333", "0.6667", "0.1667", "0.6667"]
 
 
 def test_env_error_episodes_do_not_shift_their_group_baseline():

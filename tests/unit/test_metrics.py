@@ -11,9 +11,10 @@ from agentgym_mega.rollout.status import Status
 
 def test_episode_metrics_count_outcomes_and_groups_with_spread():
     # task 1's env error, had it counted, would be a sample scoring 1.0 (a spread) and a success
-    episodes = [Episode(0, "a", 0, 1.0, True, 2, Status.DONE, 5), Episode(0, "a", 0, 0.5, False, 6, Status.HORIZON, 9),
-                Episode(1, "a", 1, 0.0, False, 6, Status.HORIZON, 9),
-                Episode(1, "a", 1, 1.0, True, 1, Status.ENV_ERROR, 0, "boom")]
+    episodes = [Episode(0, "a", 0, 1.0, True, 2, Status.DONE, 5, valid_actions=1),
+                Episode(0, "a", 0, 0.5, False, 6, Status.HORIZON, 9, valid_actions=6),
+                Episode(1, "a", 1, 0.0, False, 6, Status.HORIZON, 9, valid_actions=0),
+                Episode(1, "a", 1, 1.0, True, 1, Status.ENV_ERROR, 0, "boom", valid_actions=1)]
 
     class Batch:
         pass
@@ -24,6 +25,7 @@ def test_episode_metrics_count_outcomes_and_groups_with_spread():
     # over the three episodes without an env error; success is the env's verdict, not score > 0
     assert m["reward/mean"] == 0.5 and m["reward/success_rate"] == 1 / 3
     assert m["reward/groups_with_spread"] == 0.5  # task 0's samples differ, task 1's valid one alone
+    assert m["episode/valid_action_rate"] == 7 / 14  # replies parsed as actions over the three episodes' 14
     assert (m["episode/done"], m["episode/horizon"], m["episode/env_errors"]) == (1, 2, 1)
     assert m["episode/turns_mean"] == 15 / 4
 
