@@ -331,7 +331,7 @@ class TrainerConfig:
 @section
 class EvalConfig:
     """Held-out evaluation inside a training run, on the run's engines and env servers: n samples
-    per task of `split` (kept to env.categories), reported as Avg@n, Pass@n and success rate."""
+    per task of `split` (kept to env.categories), reported as Avg@n, Pass@n, success and valid-action rate."""
 
     freq: StrictInt = 0
     """Steps between evaluations (and one after the last step); 0: never."""

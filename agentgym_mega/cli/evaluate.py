@@ -1,4 +1,4 @@
-"""`agentgym-mega eval`: Avg@n and Pass@n of a model on an environment split."""
+"""`agentgym-mega eval`: Avg@n, Pass@n, success and valid-action rate of a model on an environment split."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def add(sub) -> None:
             "evaluation turn limit (BabyAI 20, TextCraft and SciWorld 30) unless --max-turns, through\n"
             "real env servers and the config's vLLM engines (rollout.num_engines, placed as in\n"
             "training). Prints Avg@n (mean score) and Pass@n (share of tasks with a sample scoring\n"
-            "> 0) overall and per category (TextCraft depth, BabyAI level, SciWorld task). A megatron\n"
+            "> 0), the success rate and the valid-action rate (share of replies the env server parsed\n"
+            "as an action) overall and per category (TextCraft depth, BabyAI level, SciWorld task). A megatron\n"
             "checkpoint (--ckpt) is exported to HF first."
         ),
     )
