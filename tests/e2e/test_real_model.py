@@ -6,25 +6,15 @@ run does nothing."""
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import make_real_model
 
 pytestmark = pytest.mark.slow
 
 LOGIT_TOL = 1e-5  # float32 on both sides: the same dequantised weights through the same model code
-NAME = "smollm2-135m-instruct"
-
-
-def make_real_model(root) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "agentgym_mega.models.published", NAME, "--root", str(root)],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
 
 
 def test_smollm2_from_its_gguf_has_the_gguf_logits_and_the_chatml_template_once(smollm2):
