@@ -8,9 +8,7 @@ and what is allowed; the CLI turns it into exit code 2."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import os
 import typing
 import warnings
 from typing import Any, Literal, Optional, Union
@@ -20,7 +18,8 @@ from pydantic import ConfigDict, StrictBool, StrictInt, StrictStr, TypeAdapter, 
 from pydantic.dataclasses import dataclass
 
 import envs
-from agentgym_mega.errors import BadInput
+from agentgym_mega.config_files import apply_overrides, read_yaml
+from agentgym_mega.errors import ConfigError
 from envs import KINDS
 
 # Unknown keys are errors; ints and bools are not coerced into each other (True is no tp size).
@@ -391,6 +390,43 @@ class WeightSyncConfig:
 
 
 @section
+class EpisodesConfig:
+    """Episodes saved as text, `episodes/step_N.jsonl` under trainer.output_dir (`agentgym-mega report`,
+    `agentgym-mega show` read them): the turns' replies, parsed actions, observations and rewards."""
+
+    eval: StrictBool = True
+    """Every held-out episode of every evaluation."""
+    train_every: StrictInt = 1
+    """Training episodes of every Nth step; 0: none."""
+    train_per_step: StrictInt = 4
+    """At most this many training episodes per saved step (the batch's first, whole groups first)."""
+    max_mb: float = 200.0
+    """The run's episodes/ stops growing past this many MB (a warning says so); 0: no cap."""
+
+    def __post_init__(self):
+        for key in ("train_every", "train_per_step"):
+            _require(getattr(self, key) >= 0, f"logging.episodes.{key}", getattr(self, key), "an integer >= 0")
+        _require(self.max_mb >= 0, "logging.episodes.max_mb", self.max_mb, "a number >= 0")
+
+
+@section
+class WandbConfig:
+    """Weights & Biases beside TensorBoard (the `wandb` extra), from the driver only; a resumed run
+    continues the same W&B run (its id is kept in trainer.output_dir/wandb_run_id)."""
+
+    mode: Literal["disabled", "online", "offline"] = "disabled"
+    """`offline` writes the run under trainer.output_dir/wandb (`wandb sync` uploads it)."""
+    project: StrictStr = "agentgym-mega"
+    """The W&B project."""
+    entity: Optional[StrictStr] = None
+    """The W&B team or user; null: your default entity."""
+    name: Optional[StrictStr] = None
+    """The run's display name; null: logging.experiment."""
+    tags: list[StrictStr] = _default(list)
+    """Tags on the W&B run."""
+
+
+@section
 class LoggingConfig:
     """Where metrics go: TensorBoard and JSONL under trainer.output_dir, and the console."""
 
@@ -405,6 +441,10 @@ class LoggingConfig:
     worker_output: Union[Literal["auto"], StrictBool] = "auto"
     """Print the engines', trainer ranks' and env servers' output here (Ray's log_to_driver); `auto`:
     when joining a running cluster (RAY_ADDRESS), not for a local run (Ray's session logs)."""
+    episodes: EpisodesConfig = _default(EpisodesConfig)
+    """Which episodes are saved as text (see logging.episodes)."""
+    wandb: WandbConfig = _default(WandbConfig)
+    """Weights & Biases (see logging.wandb)."""
 
 
 @section
@@ -458,10 +498,6 @@ class Config:
             f"mini_batch_size * rollout.n_per_task (here {self.trainer.mini_batch_size} * "
             f"{self.rollout.n_per_task} = {per_mini} sequences) divisible by parallel.dp={self.parallel.dp}",
         )
-
-
-class ConfigError(BadInput):
-    """A configuration that cannot run; the message names the key, the value and what is allowed."""
 
 
 _ADAPTER = TypeAdapter(Config)
@@ -529,62 +565,6 @@ def validate(data: dict) -> Config:
         return _ADAPTER.validate_python(data)
     except ValidationError as exc:
         raise ConfigError("invalid config:\n  " + "\n  ".join(_describe(e) for e in exc.errors())) from None
-
-
-def _deep_merge(base: dict, top: dict) -> dict:
-    merged = dict(base)
-    for key, value in top.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def read_yaml(path: str, _seen: tuple = ()) -> dict:
-    """Reads a config file, resolving its `include:` (a path or a list, relative to the file)."""
-    path = os.path.abspath(path)
-    if path in _seen:
-        raise ConfigError(f"include cycle: {' -> '.join(_seen + (path,))}")
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must be a mapping of sections")
-    includes = data.pop("include", [])
-    includes = [includes] if isinstance(includes, str) else includes
-    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
-        raise ConfigError(f"{path}: include: must be a path or a list of paths, given {includes!r}")
-    merged: dict = {}
-    for inc in includes:
-        merged = _deep_merge(merged, read_yaml(os.path.join(os.path.dirname(path), inc), _seen + (path,)))
-    return _deep_merge(merged, data)
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Applies `a.b.c=value` overrides to a copy of ``data``; values are parsed as YAML
-    (`[6,13,20]`, `null`, `1e-3`)."""
-    data = copy.deepcopy(data)
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key or any(not p for p in key.split(".")):
-            raise ConfigError(f"override {item!r}: expected section.key=value, e.g. trainer.total_steps=50")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"override {key}: value {raw!r} is not valid YAML: {exc}") from None
-        node, parts = data, key.split(".")
-        for i, part in enumerate(parts[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is a value, not a section")
-            node = child
-        node[parts[-1]] = value
-    return data
 
 
 def load_config(path: str | None, overrides: list[str] = ()) -> Config:

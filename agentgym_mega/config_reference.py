@@ -72,14 +72,32 @@ def _cell(text: str) -> str:
 
 
 def _section(name: str, cls) -> list[str]:
+    """A section's table, then each section nested in it (`logging.wandb`) as its own table."""
     lines = [f"## `{name}`", ""]
     if cls.__doc__:
         lines += [" ".join(cls.__doc__.split()), ""]
     lines += ["| key | type | default | description |", "|---|---|---|---|"]
+    nested = []
     for key, info in cls.__pydantic_fields__.items():
-        lines.append(f"| `{name}.{key}` | {_cell(_type_name(info.annotation))} | {_cell(_default(info))} "
-                     f"| {_cell(info.description or '')} |")
-    return lines + [""]
+        if dataclasses.is_dataclass(info.annotation):
+            nested.append((f"{name}.{key}", info.annotation))
+            kind, default = f"section, see [`{name}.{key}`](#{name}{key})", "its keys' defaults"
+        else:
+            kind, default = _cell(_type_name(info.annotation)), _cell(_default(info))
+        lines.append(f"| `{name}.{key}` | {kind} | {default} | {_cell(info.description or '')} |")
+    lines.append("")
+    for sub_name, sub in nested:
+        lines += _section(sub_name, sub)
+    return lines
+
+
+def _fields(name: str, cls):
+    """(dotted key, field info) of a section and the sections nested in it."""
+    for key, info in cls.__pydantic_fields__.items():
+        if dataclasses.is_dataclass(info.annotation):
+            yield from _fields(f"{name}.{key}", info.annotation)
+        else:
+            yield f"{name}.{key}", info
 
 
 def _compatibility() -> list[str]:
@@ -100,9 +118,8 @@ def render() -> str:
 
 def missing_descriptions() -> list[str]:
     """Keys without a docstring: each should say what it does."""
-    return [f"{f.name}.{key}" for f in dataclasses.fields(config.Config)
-            for key, info in typing.get_type_hints(config.Config)[f.name].__pydantic_fields__.items()
-            if not info.description]
+    return [key for f in dataclasses.fields(config.Config)
+            for key, info in _fields(f.name, typing.get_type_hints(config.Config)[f.name]) if not info.description]
 
 
 def run(out: str | None, check: bool) -> int:
