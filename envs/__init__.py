@@ -19,7 +19,9 @@ Every reset and step answer keeps AgentGym's fields (`observation`, `reward`, `d
 Every step answer also carries `valid_action`: whether the reply parsed as an action of the
 environment (a command form of TextCraft, BabyAI or ScienceWorld's parser; a Deep Search tag pair;
 a WebArena action). An action that parsed but failed (an unseen object, a missing item) is valid.
-AgentGym's original clients ignore the extra field.
+And `action`: the action the server read from the reply (what follows `Action:`, the whole reply
+for Deep Search), which saved episodes show beside the reply. AgentGym's original clients ignore
+both extra fields.
 
 `instruction(name)` is the text that opens an episode for the model: the reply format and the
 environment's commands and rules, read from `envs/<name>/instruction.txt` without importing the

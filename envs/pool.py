@@ -196,9 +196,10 @@ class InstancePool:
                 raise EpisodeState(f"instance {instance_id} has no episode yet: POST /reset first")
             if inst.done:
                 raise EpisodeState(f"the episode of instance {instance_id} is finished: POST /reset to start another")
-            result = self._guarded(inst, instance_id, lambda: inst.env.step(self.kind.parse_action(action)))
+            parsed = self.kind.parse_action(action)
+            result = self._guarded(inst, instance_id, lambda: inst.env.step(parsed))
             inst.done = bool(result["done"])
-            return result
+            return {**result, "action": parsed}
 
     def observation(self, instance_id) -> str:
         with self._use(instance_id) as inst:

@@ -26,10 +26,10 @@ def test_agentgym_episode_with_bare_and_react_actions(textcraft_server):
     assert reset["observation"].startswith("Crafting commands:") and reset["done"] is False
     bare = _post(s, "/step", {"id": iid, "action": "get 2 oak logs"}).json()
     assert bare == {"observation": "Got 2 oak logs", "reward": 0.0, "done": False, "episode_score": 0.0,
-                    "success": False, "valid_action": True}
+                    "success": False, "valid_action": True, "action": "get 2 oak logs"}
     reply = "Thought: I need to check.\nAction: inventory\nThen I will craft."
     react = _post(s, "/step", {"id": iid, "action": reply}).json()
-    assert react["observation"] == "Inventory: [oak logs] (2) "
+    assert react["observation"] == "Inventory: [oak logs] (2) " and react["action"] == "inventory"
     obs = requests.get(f"{s.url}/observation", params={"id": iid}).json()
     assert obs == react["observation"]
     assert _post(s, "/close", {"id": iid}).json() is True
