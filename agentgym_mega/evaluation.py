@@ -66,32 +66,36 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def held_out(rollout, tasks: list, n: int, max_turns: int, cfg: Config) -> dict:
+def held_out(rollout, tasks: list, n: int, max_turns: int, cfg: Config) -> tuple[dict, list]:
     """The report (:func:`summarize`) of ``n`` samples of each task through ``rollout`` (a
-    rollout manager). With ``rollout.seeded`` every evaluation samples with the same request
-    seeds (step -1 of the run's seed, which training never uses), inside training and in
-    ``agentgym-mega eval`` alike: evaluations of equal weights, in any run, read the same."""
+    rollout manager), and the episodes. With ``rollout.seeded`` every evaluation samples with the
+    same request seeds (step -1 of the run's seed, which training never uses), inside training and
+    in ``agentgym-mega eval`` alike: evaluations of equal weights, in any run, read the same."""
     seed = (cfg.trainer.seed, -1) if cfg.rollout.seeded else None
-    return summarize(rollout.collect(tasks, n, max_turns, seed=seed).episodes, n)
+    episodes = rollout.collect(tasks, n, max_turns, seed=seed).episodes
+    return summarize(episodes, n), episodes
 
 
 class Evaluator:
     """Evaluation inside a training run, through its rollout manager (so on the weights the
-    engines serve now): writes ``eval/step_N.json`` and returns ``eval/...`` metrics."""
+    engines serve now): writes ``eval/step_N.json``, hands the report and the episodes to
+    ``keep(step, report, episodes)`` when given (the run's record) and returns ``eval/...`` metrics."""
 
-    def __init__(self, manager, tasks: list, cfg: Config):
+    def __init__(self, manager, tasks: list, cfg: Config, keep=None):
         if not tasks:
             raise ValueError(f"no {cfg.eval.split} tasks to evaluate on (check env.categories and eval.limit)")
         self.manager, self.tasks, self.n = manager, tasks, cfg.eval.n
         self.max_turns = cfg.eval.max_turns or envs.eval_max_turns(cfg.env.name)
-        self.cfg = cfg
+        self.cfg, self.keep = cfg, keep
         self.out = os.path.join(cfg.trainer.output_dir, "eval")
         self.history: list[tuple[int, float]] = []  # (step, success rate) of each evaluation
 
     def __call__(self, step: int) -> tuple[dict, str]:
         """(metrics, printable table) of the policy the engines serve at ``step``."""
-        report = held_out(self.manager, self.tasks, self.n, self.max_turns, self.cfg)
+        report, episodes = held_out(self.manager, self.tasks, self.n, self.max_turns, self.cfg)
         report.update(step=step, max_turns=self.max_turns)
+        if self.keep:
+            self.keep(step, report, episodes)
         os.makedirs(self.out, exist_ok=True)
         with open(os.path.join(self.out, f"step_{step}.json"), "w") as f:
             json.dump(report, f, indent=2)
@@ -116,7 +120,7 @@ def evaluate(cfg: Config, model_dir: str, n: int, split: str, limit: int | None,
     max_turns = max_turns or envs.eval_max_turns(cfg.env.name)
     with Stack.start(cfg, trainers=False, engine_model=model_dir) as stack:
         tasks = select_tasks(stack.catalogue, split, None, cfg.env.categories)[:limit]
-        report = held_out(stack.rollout, tasks, n, max_turns, cfg)
+        report, _ = held_out(stack.rollout, tasks, n, max_turns, cfg)
     report.update(env=cfg.env.name, split=split, model=model_dir, max_turns=max_turns)
     return report
 

@@ -30,6 +30,9 @@ class Episode:
     response_tokens: int  # tokens the policy generated (the loss-masked ones)
     error: str | None = None
     valid_actions: int = 0  # replies the env server parsed as an action (envs.server: valid_action)
+    # Its text, turn by turn (the first observation; each reply, the action read from it, the
+    # observation and reward it got, tokens and seconds), for saved episodes (agentgym_mega.episodes).
+    transcript: dict | None = None
 
     @property
     def trained(self) -> bool:

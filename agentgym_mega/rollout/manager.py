@@ -56,6 +56,7 @@ class _Live:
     engine: int
     index: int  # position in its collect()
     max_turns: int
+    sample: int = 0  # which of its task's samples
     ids: list[int] = dataclasses.field(default_factory=list)
     mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
@@ -67,6 +68,10 @@ class _Live:
     status: Status | None = None  # set when the episode ends
     error: str | None = None
     deadline: float | None = None  # time.monotonic() past which it ends as Status.TIMEOUT; set at its first turn
+    transcript: dict = dataclasses.field(default_factory=lambda: {"turns": [], "weight_version": -1})
+    clock: float = 0.0  # perf_counter() when its last request went out, then when its last reply came back
+    started: float | None = None  # perf_counter() at its first request
+    ended: float | None = None  # perf_counter() at its last env answer
 
     def add(self, ids, sampled: bool, logprobs=None, version: int = -1):
         self.ids += ids
@@ -235,8 +240,9 @@ class RolloutManager:
             raise ValueError(f"{len(caps)} turn caps for {len(tasks)} tasks")
         self._seed, self._clock = seed, BusyClock()
         engines = list(self.engines)
-        live = [_Live(task, group, i % len(engines), i, caps[group])
-                for i, (group, task) in enumerate((g, t) for g, t in enumerate(tasks) for _ in range(n_per_task))]
+        live = [_Live(task, group, i % len(engines), i, caps[group], sample)
+                for i, (group, task, sample) in enumerate((g, t, s) for g, t in enumerate(tasks)
+                                                          for s in range(n_per_task))]
         start = time.perf_counter()
         handles = self.env.create(len(live))
         try:
@@ -245,6 +251,7 @@ class RolloutManager:
                     ep.status, ep.error = Status.ENV_ERROR, result["error"]
                 else:
                     ep.add(self.turns.first(result["observation"]), sampled=False)
+                    ep.transcript |= {"observation": result["observation"], "prompt_tokens": len(ep.ids)}
             if self.mode == "async":
                 with ThreadPoolExecutor(max(1, min(len(live), MAX_EPISODE_THREADS))) as episodes:
                     running = [episodes.submit(self._episode, engines, ep, h) for ep, h in zip(live, handles)]
@@ -287,6 +294,9 @@ class RolloutManager:
         wait(timeout=None)."""
         seeds, budgets = zip(*(self._request(ep) for ep in episodes))
         seeds = None if self._seed is None else list(seeds)
+        for ep in episodes:
+            ep.clock = time.perf_counter()
+            ep.started = ep.started or ep.clock
         wait = call_async(self._pool, engines[engine], "generate", [ep.ids for ep in episodes], self.sampling,
                           seeds, list(budgets), key=key)
         self._clock.start(engine, "generate")
@@ -303,11 +313,20 @@ class RolloutManager:
         ep.add(generation.token_ids, sampled=True, logprobs=generation.logprobs, version=generation.version)
         ep.turns += 1
         with self._tokenizing:
-            return self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+            text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        now = time.perf_counter()
+        if not ep.transcript["turns"]:
+            ep.transcript["weight_version"] = generation.version
+        ep.transcript["turns"].append({"text": text, "tokens": len(generation.token_ids),
+                                       "generate_s": round(now - ep.clock, 4)})
+        ep.clock = now
+        return text
 
     def _take_result(self, ep: _Live, generation, result: dict) -> None:
         """The env's answer to a turn; at the episode's turn cap an episode that is not done ends
         at the horizon (no observation is appended that nobody answers)."""
+        ep.ended = time.perf_counter()
+        _transcribe(ep.transcript["turns"][-1], result, ep.ended - ep.clock)
         if "error" in result:
             ep.status = Status.TIMEOUT if result.get("status") == TIMEOUT_STATUS else Status.ENV_ERROR
             ep.error = result["error"]
@@ -320,7 +339,9 @@ class RolloutManager:
             ep.status = Status.DONE if result["done"] else Status.HORIZON
             return
         with self._tokenizing:
-            ep.add(self.turns.after_reply(generation.token_ids, result["observation"]), sampled=False)
+            added = self.turns.after_reply(generation.token_ids, result["observation"])
+        ep.add(added, sampled=False)
+        ep.transcript["turns"][-1]["observation_tokens"] = len(added)
         if len(ep.ids) >= self.max_model_len:
             ep.status = Status.TRUNCATED
             ep.ids, ep.mask, ep.logprobs, ep.versions = (x[: self.max_model_len] for x in
@@ -391,9 +412,30 @@ class RolloutManager:
             if len(trained):
                 rewards[row, trained[-1, 0]] = ep.score  # terminal reward on the last assistant token
         episodes = [Episode(ep.task.id, ep.task.category, ep.group_id, ep.score, ep.success, ep.turns,
-                            ep.status, sum(ep.mask), ep.error, ep.valid_actions) for ep in live]
+                            ep.status, sum(ep.mask), ep.error, ep.valid_actions, _finished(ep)) for ep in live]
         return TrajectoryBatch(
             input_ids=ids, attention_mask=attention, loss_mask=mask, rollout_logprobs=logprobs,
             rewards=rewards, group_ids=torch.tensor([ep.group_id for ep in live]),
             scores=torch.tensor([ep.score for ep in live]), episodes=episodes, weight_versions=versions,
         )
+
+
+def _transcribe(turn: dict, result: dict, env_s: float) -> None:
+    """The env's answer to a turn, as its transcript keeps it: the action the server read from
+    the reply (or why there was none), the observation and the reward."""
+    if "error" in result:
+        turn.update(action=None, valid_action=False, action_error=f"env error: {result['error']}", observation=None,
+                    reward=0.0, observation_tokens=0, env_s=round(env_s, 4))
+        return
+    action, valid = result.get("action", ""), bool(result["valid_action"])
+    why = None if valid else ("no action in the reply" if not action else "not an action this environment accepts")
+    turn.update(action=action, valid_action=valid, action_error=why, observation=result.get("observation"),
+                reward=float(result.get("reward", 0.0)), observation_tokens=0, env_s=round(env_s, 4))
+
+
+def _finished(ep: _Live) -> dict:
+    """An episode's transcript as saved episodes read it (agentgym_mega.episodes)."""
+    prompt = ep.transcript.get("prompt_tokens", 0)
+    ran = (ep.ended or ep.started or 0.0) - (ep.started or 0.0)
+    return {**{k: v for k, v in ep.transcript.items() if k != "prompt_tokens"}, "sample": ep.sample,
+            "tokens": {"prompt": prompt, "response": sum(ep.mask), "total": len(ep.ids)}, "time_s": round(ran, 4)}

@@ -62,6 +62,34 @@ def test_token_bookkeeping(stack):
         last = int(mask.nonzero()[-1])
         assert batch.rewards[row].nonzero().flatten().tolist() in ([last], [])
         assert batch.rewards[row, last] == episode.score
+        _check_transcript(episode, ids, mask.tolist(), tok)
+    assert [e.transcript["sample"] for e in batch.episodes] == [0, 1, 0, 1]
+
+
+def _check_transcript(episode, ids, mask, tok):
+    """The episode's text record (what saved episodes hold) agrees with its tokens: each turn's
+    reply is its sampled ids decoded, its action what the server read from it, its observation
+    the text of the turn the rollout appended, and the token counts add up."""
+    from envs.environment import extract_action
+
+    record = episode.transcript
+    turns = record["turns"]
+    assert len(turns) == episode.turns and record["observation"] in tok.decode(ids[: record["tokens"]["prompt"]])
+    assert record["tokens"] == {"prompt": record["tokens"]["prompt"], "response": episode.response_tokens,
+                                "total": len(ids)}
+    assert record["tokens"]["prompt"] + sum(t["tokens"] + t["observation_tokens"] for t in turns) == len(ids)
+    at = record["tokens"]["prompt"]
+    for turn in turns:
+        reply = ids[at: at + turn["tokens"]]
+        assert all(mask[at: at + turn["tokens"]]) and turn["text"] == tok.decode(reply, skip_special_tokens=True)
+        assert turn["action"] == extract_action(turn["text"])
+        assert turn["valid_action"] == (turn["action_error"] is None)
+        at += turn["tokens"]
+        if turn["observation_tokens"]:
+            assert turn["observation"] in tok.decode(ids[at: at + turn["observation_tokens"]])
+        at += turn["observation_tokens"]
+        assert turn["generate_s"] > 0 and turn["env_s"] > 0
+    assert record["weight_version"] == 0 and record["time_s"] > 0
 
 
 def test_context_limit_truncates_and_is_recorded(stack):
