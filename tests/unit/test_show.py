@@ -28,9 +28,9 @@ def episode(step, split, task_id, status="done", success=True, category="GoToRed
 
 @pytest.fixture
 def run_dir(tmp_path):
-    """Step 0 (eval only) and step 2 (train and eval), one reply with rich markup, one action that
-    did not parse, one long observation, and a hand-broken line."""
-    markup = {"text": "[red]x[/] [bold]not bold", "action": "", "valid_action": False,
+    """Step 0 (eval only) and step 2 (train and eval), one reply with rich markup and a terminal
+    escape sequence, one action that did not parse, one long observation, and a hand-broken line."""
+    markup = {"text": "[red]x[/] [bold]not bold \x1b[2Jcleared?", "action": "", "valid_action": False,
               "action_error": "no action found in [/] reply", "observation": LONG, "reward": 0.0, "tokens": 7,
               "observation_tokens": 0, "generate_s": 0.1, "env_s": 0.0}
     steps = {
@@ -70,6 +70,7 @@ def test_show_prints_turns_with_markup_literal_and_folds_long_observations(run_d
     assert "step_2.jsonl line 2 skipped" in caplog.text
     assert "task 5" in out and "task 12" not in out  # --failed: only the truncated episode
     assert "[red]x[/] [bold]not bold" in out  # markup shown as written, not applied
+    assert "\\x1b[2Jcleared?" in out and "\x1b" not in out  # an escape sequence shown, not sent
     assert "no action found in [/] reply" in out
     assert "[250 more characters; --full shows them]" in out
     # rich wraps it beside its label: count its letters, not the string
