@@ -83,17 +83,18 @@ def read_episodes(run_dir: str, step: int | str | None = None, split: str | None
                   category: str | None = None, limit: int | None = None) -> list[dict]:
     """The saved episodes of a run matching every filter given (None: any), ordered by step, split
     (train first), task and sample, at most `limit`. `step` is a step number or "last" (the newest
-    step saved); `task` matches the task id as text, so "12" finds task 12.
+    step saved); `task` and `category` match as text, so "12" finds task 12.
     Raises BadInput when RUN has no episodes/."""
     steps = saved_steps(run_dir)
     if step == "last":
         steps = steps[-1:]
     elif step is not None:
         steps = [s for s in steps if s == int(step)]
-    wanted = {"split": split, "status": status, "success": success, "category": category}
+    wanted = {"split": split, "status": status, "success": success}
+    as_text = {"task_id": task, "category": category}  # a CLI gives "2" for TextCraft's depth 2
     keyed = [(_order_key(s, e), e) for s in steps for e in _lines(os.path.join(run_dir, "episodes", f"step_{s}.jsonl"))
              if all(value is None or e.get(key) == value for key, value in wanted.items())
-             and (task is None or str(e.get("task_id")) == str(task))]
+             and all(value is None or str(e.get(key)) == str(value) for key, value in as_text.items())]
     keyed.sort(key=lambda pair: pair[0])
     return [e for _, e in keyed[:limit]]
 
