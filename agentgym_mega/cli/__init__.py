@@ -20,13 +20,14 @@ from agentgym_mega.cli import (
     pretrain_tiny,
     retriever,
     scaling,
+    show,
     train,
 )
 from agentgym_mega.errors import EXIT_BAD_INPUT, BadInput
 
 # In the order `agentgym-mega --help` lists them; a new subcommand is a module with add(sub) and
 # one entry here.
-COMMANDS = (config, train, evaluate, plan, scaling, make_tiny_model, pretrain_tiny, doctor, env_server, retriever,
+COMMANDS = (config, train, evaluate, show, plan, scaling, make_tiny_model, pretrain_tiny, doctor, env_server, retriever,
             bench, config_reference, preflight)
 
 
