@@ -45,6 +45,7 @@ def segments(output_dir: str) -> list[tuple[dict, list[dict], str]]:
 @pytest.fixture(scope="module")
 def wandb_home(tmp_path_factory):
     """wandb's settings, cache and data under a temporary folder; its service ends with the module."""
+    wandb = pytest.importorskip("wandb")  # the `wandb` extra
     home = tmp_path_factory.mktemp("wandb_home")
     with pytest.MonkeyPatch.context() as mp:
         for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
@@ -53,8 +54,6 @@ def wandb_home(tmp_path_factory):
             mp.delenv(var, raising=False)
         mp.setenv("WANDB_SILENT", "true")
         yield home
-        import wandb
-
         wandb.teardown()
 
 
