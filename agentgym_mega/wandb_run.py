@@ -94,9 +94,13 @@ class WandbRun:
                 run_id = f.read().strip() or None
         name = wandb_cfg.name or run_config.get("logging", {}).get("experiment")
         settings = wandb.Settings(console="off", x_disable_stats=True, quiet=True)
-        run = wandb.init(project=wandb_cfg.project, entity=wandb_cfg.entity, name=name, tags=list(wandb_cfg.tags),
-                         mode=wandb_cfg.mode, dir=output_dir, config=run_config, id=run_id,
-                         resume="allow" if run_id else None, settings=settings)
+        try:
+            run = wandb.init(project=wandb_cfg.project, entity=wandb_cfg.entity, name=name,
+                             tags=list(wandb_cfg.tags), mode=wandb_cfg.mode, dir=output_dir, config=run_config,
+                             id=run_id, resume="allow" if run_id else None, settings=settings)
+        except wandb.errors.UsageError as e:  # online without a login, an entity or project it refuses
+            raise BadInput(f"logging.wandb.mode={wandb_cfg.mode}: {e} (log in with `wandb login` or "
+                           "WANDB_API_KEY, or run with logging.wandb.mode=offline and `wandb sync` later)") from e
         if run_id is None:
             _write_atomic(id_path, run.id + "\n")
         run.define_metric(STEP_KEY)

@@ -50,8 +50,10 @@ def wandb_home(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
             mp.setenv(var, str(home / var.lower()))
-        for var in ("WANDB_MODE", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_API_KEY", "WANDB_PROJECT", "WANDB_ENTITY"):
+        for var in ("WANDB_MODE", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE",
+                    "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_BASE_URL"):
             mp.delenv(var, raising=False)
+        mp.setenv("NETRC", str(home / "netrc"))  # none: no credentials, so online mode cannot reach a server
         mp.setenv("WANDB_SILENT", "true")
         yield home
         wandb.teardown()
@@ -125,3 +127,8 @@ def test_missing_wandb_names_the_extra_and_the_way_off(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(BadInput, match=r"pip install 'agentgym-mega\[wandb\]'.*logging\.wandb\.mode=disabled"):
         WandbRun.start(str(tmp_path / "run"), wandb_cfg("offline"), {}, resume=False)
+
+
+def test_online_without_login_is_bad_input(wandb_home, tmp_path):
+    with pytest.raises(BadInput, match=r"logging\.wandb\.mode=online: .*logging\.wandb\.mode=offline"):
+        WandbRun.start(str(tmp_path / "run"), wandb_cfg("online"), {}, resume=False)
