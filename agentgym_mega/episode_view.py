@@ -13,12 +13,13 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from agentgym_mega.episodes import SPLITS
 from agentgym_mega.errors import BadInput
+from agentgym_mega.rollout.status import Status
 
 logger = logging.getLogger(__name__)
 
-STATUSES = ("done", "horizon", "truncated", "env_error", "timeout")
-SPLITS = ("train", "eval")
+STATUSES = tuple(str(s) for s in Status)
 # Beyond this many characters an observation is folded: a WebArena page or a SciWorld room
 # description runs to thousands and would bury the replies.
 OBSERVATION_CHARS = 600

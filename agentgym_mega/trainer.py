@@ -30,11 +30,12 @@ from agentgym_mega import algorithms, checkpoint_timing, files
 from agentgym_mega.errors import BadInput
 from agentgym_mega.evaluation import Evaluator
 from agentgym_mega.memory_plan import read_architecture
-from agentgym_mega.metrics import MetricsLogger, Timer, episode_metrics, plot_rewards, sync_metrics
+from agentgym_mega.metrics import Timer, episode_metrics, plot_rewards, sync_metrics
 from agentgym_mega.models import checkpoint
 from agentgym_mega.rollout.batch import TrajectoryBatch
 from agentgym_mega.rollout.dynamic_sampling import collect_batch
 from agentgym_mega.rollout.tasks import TaskSampler, select_tasks
+from agentgym_mega.run_record import RunRecord
 from agentgym_mega.stack import Stack
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ def train(cfg: Config, resume: str | None = None, stop: threading.Event | None =
     stop = stop or threading.Event()
     stopped = None
     lead = _stop_lead(cfg)
+    record = RunRecord(cfg, resume)  # first: a W&B setup that cannot log fails before anything starts
     with Stack.start(cfg) as stack:
         start, position, ahead = _resume(stack, cfg) if resume else (1, 0, None)
         stack.trainers_release()  # the engines generate first
@@ -152,10 +154,9 @@ def train(cfg: Config, resume: str | None = None, stop: threading.Event | None =
         nodes = stack.placement.nodes()
         tqdm.write(f"placement: {nodes['all']} node(s): trainer ranks on {nodes['trainer']}, engine workers on "
                    f"{nodes['engines']}, env servers on {nodes['env_servers']}")
-        logger = MetricsLogger(cfg.trainer.output_dir, cfg.logging)
-        evaluate = _evaluator(stack, cfg)
+        evaluate = _evaluator(stack, cfg, record)
         if evaluate and cfg.eval.at_start and start == 1:
-            logger.log(0, _evaluated(evaluate, 0))
+            record.log(0, _evaluated(evaluate, 0))
         metrics: dict = {}
         stack.engines_host_copy_bytes()  # start-up's copies are no step's
         bar = tqdm(range(start, cfg.trainer.total_steps + 1), initial=start - 1, total=cfg.trainer.total_steps,
@@ -166,6 +167,7 @@ def train(cfg: Config, resume: str | None = None, stop: threading.Event | None =
             turn_cap = algorithms.turn_cap(step, cfg.horizon)
             with timer("rollout"):
                 batch, rollout_metrics = ahead or collect_batch(stack.rollout, sampler, cfg, step, turn_cap)
+            record.episodes(step, "train", batch.episodes)
             next_rollout = None
             if cfg.trainer.off_policy_steps and step < cfg.trainer.total_steps:
                 next_rollout = background.submit(collect_batch, stack.rollout, sampler, cfg, step + 1,
@@ -191,7 +193,7 @@ def train(cfg: Config, resume: str | None = None, stop: threading.Event | None =
                        | _logprob_gap(batch) | _staleness(batch, step) | _ref_kl(batch, cfg))
             if evaluate and cfg.eval.freq and (step % cfg.eval.freq == 0 or step == cfg.trainer.total_steps):
                 metrics |= _evaluated(evaluate, step)
-            logger.log(step, metrics)
+            record.log(step, metrics)
             _show(bar, step, metrics, turn_cap)
             if lead and step == start:  # the first step's time, measured: warm-up makes it an upper bound
                 _warn(checkpoint_timing.lead_warning(lead[0], lead[1], sum(timer.seconds.values())))
@@ -204,7 +206,7 @@ def train(cfg: Config, resume: str | None = None, stop: threading.Event | None =
                            f"at step {step + 1}")
                 break
         background.shutdown()
-        logger.close()
+        record.close()
         _summarize(evaluate, cfg)
     if stopped is not None:
         raise Stopped(stopped)
@@ -274,11 +276,11 @@ def _summarize(evaluate: Evaluator | None, cfg: Config) -> None:
         tqdm.write(f"reward curve: {plot_rewards(cfg.trainer.output_dir, title)}")
 
 
-def _evaluator(stack: Stack, cfg: Config) -> Evaluator | None:
+def _evaluator(stack: Stack, cfg: Config, record: RunRecord) -> Evaluator | None:
     if not (cfg.eval.freq or cfg.eval.at_start):
         return None
     tasks = select_tasks(stack.catalogue, cfg.eval.split, None, cfg.env.categories)[: cfg.eval.limit]
-    return Evaluator(stack.rollout, tasks, cfg)
+    return Evaluator(stack.rollout, tasks, cfg, keep=record.evaluated)
 
 
 def _evaluated(evaluate: Evaluator, step: int) -> dict:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 
+from agentgym_mega import files
 from agentgym_mega.errors import BadInput
 
 ID_FILE = "wandb_run_id"
@@ -40,13 +41,6 @@ def _import_wandb():
         raise BadInput(f"logging.wandb.mode needs the wandb package ({e}): pip install 'agentgym-mega[wandb]', "
                        "or set logging.wandb.mode=disabled") from e
     return wandb
-
-
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def episode_text(episode: dict, limit: int = TEXT_LIMIT) -> str:
@@ -102,7 +96,7 @@ class WandbRun:
             raise BadInput(f"logging.wandb.mode={wandb_cfg.mode}: {e} (log in with `wandb login` or "
                            "WANDB_API_KEY, or run with logging.wandb.mode=offline and `wandb sync` later)") from e
         if run_id is None:
-            _write_atomic(id_path, run.id + "\n")
+            files.write_text_atomic(id_path, run.id + "\n")
         run.define_metric(STEP_KEY)
         run.define_metric("*", step_metric=STEP_KEY)
         return cls(wandb, run)

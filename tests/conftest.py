@@ -31,7 +31,7 @@ _UNSTICK = pytest.StashKey[threading.Timer]()
 # Set by a shell, these would steer the code under test (a secret, a Ray cluster to join, a rank
 # layout, vLLM's or Slurm's settings), so the session runs without them; a test that needs one
 # sets it. Kept: CUDA_VISIBLE_DEVICES (the caller's choice of GPUs), HF_*, PATH, PYTHONPATH.
-_CLEARED_PREFIXES = ("AGENTGYM_MEGA_", "RAY_", "VLLM_", "TORCHELASTIC_", "SLURM_", "AGM_", "ENV_")
+_CLEARED_PREFIXES = ("AGENTGYM_MEGA_", "RAY_", "VLLM_", "TORCHELASTIC_", "SLURM_", "AGM_", "ENV_", "WANDB_")
 _CLEARED_NAMES = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                   "GROUP_RANK", "GLOO_SOCKET_IFNAME",
                   # the Slurm scripts' own settings (slurm/common.sh and the job scripts); ports end in _PORT

@@ -1,6 +1,8 @@
 """The whole loop on CPU: TextCraft servers, a vLLM engine and a TP=2 megatron actor in Ray,
 two steps with held-out evaluations, then a resume that continues at the right step and turn cap.
-The run is REINFORCE++ with its KL in the reward (tests/e2e/test_estimators.py runs gae and grpo)."""
+The run is REINFORCE++ with its KL in the reward (tests/e2e/test_estimators.py runs gae and grpo).
+What it leaves to read is checked on the way: saved episodes, an offline W&B run that the resume
+continues, and the report page in headless Chromium."""
 
 import json
 import os
@@ -17,7 +19,15 @@ def read_metrics(run_dir):
         return [json.loads(line) for line in f]
 
 
+def read_episodes(run_dir, step):
+    with open(os.path.join(run_dir, "episodes", f"step_{step}.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
 def test_two_steps_then_resume(tmp_path, monkeypatch):
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb_home" / var.lower()))  # wandb writes nothing outside
+    monkeypatch.setenv("WANDB_SILENT", "true")
     model = tmp_path / "tiny"
     assert run_cli("make-tiny-model", "--out", str(model), "--kv-heads", "2").returncode == 0
     run_dir = tmp_path / "run"
@@ -33,6 +43,7 @@ def test_two_steps_then_resume(tmp_path, monkeypatch):
         "horizon.schedule=scaling_inter", "horizon.caps=[1,2,3]", "horizon.interval=1",
         "trainer.total_steps=2", "trainer.batch_size=2", "trainer.mini_batch_size=1", "trainer.lr=0.01",
         "trainer.save_freq=1", f"trainer.output_dir={run_dir}", "logging.progress_bar=false",
+        "logging.wandb.mode=offline", "logging.episodes.train_per_step=3",
         # the colocated-GPU memory lifecycle on CPU: released for the rollout, restored to train
         "cluster.offload=true",
     ]
@@ -68,6 +79,9 @@ def test_two_steps_then_resume(tmp_path, monkeypatch):
     assert os.listdir(run_dir / "tensorboard")
     checkpoints = run_dir / "checkpoints" / "actor"
     assert (checkpoints / "latest").read_text().strip() == "iter_0000002"
+    _check_saved_episodes(run_dir)
+    wandb_id = (run_dir / "wandb_run_id").read_text().strip()
+    before = {step: (run_dir / "episodes" / f"step_{step}.jsonl").read_bytes() for step in (0, 1, 2)}
 
     # Under Slurm with a stop lead of 1 s: the save (a few MB at 1 GB/s) fits in it, the first step does not.
     monkeypatch.setenv("AGM_STOP_LEAD_S", "1")
@@ -80,6 +94,18 @@ def test_two_steps_then_resume(tmp_path, monkeypatch):
     assert steps[3]["horizon/turn_cap"] == 3 and steps[3]["rollout/logprob_diff"] <= 1e-4
     assert "eval/avg" in steps[3]  # the last step is always evaluated
     assert (checkpoints / "latest").read_text().strip() == "iter_0000003"
+    # The resume saved step 3's episodes and left the earlier steps' files as they were ...
+    assert sorted(os.listdir(run_dir / "episodes")) == [f"step_{s}.jsonl" for s in (0, 1, 2, 3)]
+    assert all((run_dir / "episodes" / f"step_{s}.jsonl").read_bytes() == before[s] for s in before)
+    assert {e["split"] for e in read_episodes(run_dir, 3)} == {"train", "eval"}
+    # ... and continued the same W&B run: a second offline segment of that id, holding step 3
+    from tests.unit.test_wandb_run import segments
+
+    (first_run, first_rows, _), (resumed, rows, _) = segments(str(run_dir))
+    assert first_run["run_id"] == resumed["run_id"] == wandb_id == (run_dir / "wandb_run_id").read_text().strip()
+    assert [r["trainer/step"] for r in _scalars(first_rows)] == [0, 1, 2]
+    assert [r["trainer/step"] for r in _scalars(rows)] == [3]
+    assert _scalars(first_rows)[2]["reward/mean"] == steps[2]["reward/mean"]
 
     # The trained checkpoint evaluates through the same servers and an engine: Avg@n / Pass@n.
     report_path = tmp_path / "eval.json"
@@ -91,3 +117,28 @@ def test_two_steps_then_resume(tmp_path, monkeypatch):
     assert 0.0 <= report["overall"]["avg"] <= 1.0 and 0.0 <= report["overall"]["pass"] <= 1.0
     assert set(report["categories"]) == {"depth-1"}  # env.categories applies to eval too
     assert "Pass@2" in result.stdout
+
+
+def _scalars(history_rows):
+    """The W&B rows holding the step metrics (tables are rows of their own)."""
+    rows = [{item["key"] if "key" in item else "/".join(item["nested_key"]): json.loads(item["value_json"])
+             for item in row} for row in history_rows]
+    return [r for r in rows if "reward/mean" in r or "eval/success" in r]
+
+
+def _check_saved_episodes(run_dir):
+    """Steps 0 (the evaluation before training), 1 and 2: the held-out episodes of each
+    evaluation, and each step's first 3 training episodes, with their text turn by turn."""
+    assert sorted(os.listdir(run_dir / "episodes")) == [f"step_{s}.jsonl" for s in (0, 1, 2)]
+    start, first, second = (read_episodes(run_dir, s) for s in (0, 1, 2))
+    assert [e["split"] for e in start] == ["eval", "eval"]  # 2 tasks x 1, before training
+    assert [e["split"] for e in first] == ["train"] * 3
+    assert [e["split"] for e in second] == ["train"] * 3 + ["eval"] * 2
+    assert [e["weight_version"] for e in second if e["split"] == "eval"] == [2, 2]  # step 2's weights
+    for episode in start + first + second:
+        assert episode["env"] == "textcraft" and episode["category"] == "depth-1" and episode["turns"]
+        assert len(episode["rewards"]) == len(episode["turns"]) and episode["tokens"]["total"] > 0
+        assert episode["observation"].startswith("Crafting commands:")
+        for turn in episode["turns"]:
+            assert turn["text"] and turn["tokens"] > 0 and "action" in turn
+            assert turn["observation"] or turn["action_error"]
