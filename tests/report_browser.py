@@ -16,9 +16,10 @@ FILTERS = ("split", "status", "success", "category", "step")
 
 def check_report(html_path: str, screenshot_path: str, action_text: str) -> None:
     """Opens the report at `html_path` and asserts that (1) `action_text` shows in the episode
-    browser once searched for and expanded, (2) the filters change what is shown, (3) every request
-    the page made is to a file:// URL and (4) no console or page error occurred; then saves a
-    full-page screenshot to `screenshot_path`."""
+    browser once searched for and expanded, with no element made from episode text, (2) the filters
+    change what is shown, (3) every request the page made is to a file:// URL, (4) no console or
+    page error occurred, and that the same task over time shows a column per evaluation step; then
+    saves a full-page screenshot to `screenshot_path`."""
     from playwright.sync_api import sync_playwright
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -31,8 +32,10 @@ def check_report(html_path: str, screenshot_path: str, action_text: str) -> None
             page.on("request", lambda r: requests.append(r.url))
             page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+            page.on("dialog", lambda d: (errors.append(f"dialog: {d.message}"), d.dismiss()))
             page.goto("file://" + os.path.abspath(html_path), wait_until="load")
             _check_filters(page)
+            _check_over_time(page)
             _check_action_visible(page, action_text)
             page.screenshot(path=screenshot_path, full_page=True)
         finally:
@@ -69,6 +72,18 @@ def _check_filters(page) -> None:
     assert _matching(page) == total
 
 
+def _check_over_time(page) -> None:
+    """The first held-out task shows one column per evaluation step, and a sample opens turn by turn."""
+    steps = page.evaluate("""() => [...new Set(JSON.parse(document.getElementById('episodes-data').textContent)
+        .filter(e => e.split === 'eval').map(e => e.step))].sort((a, b) => a - b)""")
+    if not steps:
+        assert page.locator("#t-none").is_visible()
+        return
+    assert page.locator("#t-grid th").all_inner_texts() == [f"step {s}" for s in steps]
+    page.locator("#t-grid details.episode summary").first.click()
+    assert page.locator("#t-grid .turn").first.is_visible()
+
+
 def _check_action_visible(page, action_text: str) -> None:
     page.locator("#f-text").fill(action_text)
     assert _matching(page) > 0, f"no episode holds {action_text!r}"
@@ -76,5 +91,7 @@ def _check_action_visible(page, action_text: str) -> None:
     action = page.locator("#ep-list code.action", has_text=action_text).first
     action.wait_for(state="visible", timeout=10_000)
     assert action.is_visible()
+    # episode text stays text: the open episodes added no element that loads or runs anything
+    assert page.locator("img, iframe, object, embed, #ep-list script, #t-grid script").count() == 0
     # the screenshot shows that episode open and the others closed
     action.evaluate("a => document.querySelectorAll('#ep-list details.episode').forEach(d => d.open = d.contains(a))")
