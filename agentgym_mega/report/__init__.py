@@ -26,7 +26,7 @@ def build(run_dir: str, out: str | None = None) -> str:
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True)
     template = env.from_string(files.joinpath("page.html.j2").read_text(encoding="utf-8"))
-    missing = data.steps_without_metrics(run)
+    missing = data.steps_without_metrics(run) if run.metrics else []
     notes = run.notes + ([f"no metrics.jsonl line for step(s) {missing}"] if missing else [])
     html = template.render(
         title=(run.config.get("logging") or {}).get("experiment") or os.path.basename(run.path),

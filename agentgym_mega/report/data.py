@@ -38,7 +38,9 @@ def read_run(path: str) -> Run:
                        "(give trainer.output_dir of a run)")
     run = Run(path=os.path.abspath(path))
     run.config = _read_config(path, run.notes)
-    if has_metrics:
+    if not has_metrics:
+        run.notes.append("no metrics.jsonl: no step's metrics, so no curves")
+    else:
         for record in _json_lines(os.path.join(path, "metrics.jsonl"), run.notes):
             if isinstance(record.get("step"), int):
                 run.metrics[record["step"]] = run.metrics.get(record["step"], {}) | record

@@ -57,7 +57,9 @@ def _figure(metrics: dict[int, dict], series: list, ylim, caps) -> str:
             steps = sorted(s for s, r in metrics.items() if isinstance(r.get(key), (int, float)))
             values = [metrics[s][key] for s in steps]
             style = "o--" if key.startswith("eval/") else "-"
-            ax.plot(steps, values, style, label=label, markersize=4, linewidth=1.4 if style == "-" else 1)
+            # a "$" in a category name would start matplotlib's mathtext
+            ax.plot(steps, values, style, label=label.replace("$", r"\$"), markersize=4,
+                    linewidth=1.4 if style == "-" else 1)
         for step, cap in caps:
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
             ax.annotate(f"cap {cap}", (step, 1), xycoords=("data", "axes fraction"), fontsize=7, color="grey",

@@ -131,6 +131,18 @@ def test_missing_pieces_render_with_a_note(tmp_path):
         assert note in html, note
 
 
+def test_a_step_without_metrics_is_noted(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, **_train_metrics(1, 0.5)}) + "\n")
+    (tmp_path / "episodes").mkdir()
+    for step in (1, 3):
+        episode = _episode(step, "train", 3, 1, True)
+        (tmp_path / "episodes" / f"step_{step}.jsonl").write_text(json.dumps(episode) + "\n")
+    assert main(["report", str(tmp_path)]) == 0
+    html = (tmp_path / "report.html").read_text()
+    assert "no metrics.jsonl line for step(s) [3]" in html
+    assert "No held-out" in html and "No evaluation in this run" in html
+
+
 def test_a_directory_that_is_not_a_run_is_refused(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "neither metrics.jsonl nor episodes/" in capsys.readouterr().err
