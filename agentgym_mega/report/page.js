@@ -66,7 +66,7 @@
       num(ep.time_s, 2) + " s"];
     body.appendChild(el("div", "facts-line", facts.join(" · ")));
     if (ep.error) body.appendChild(el("div", "action-error", "error: " + ep.error));
-    body.appendChild(block("task (first observation)", ep.observation, "obs first"));
+    body.appendChild(block("task", ep.observation, "obs first"));
     (ep.turns || []).forEach(function (turn, i) { body.appendChild(renderTurn(turn, i)); });
     return body;
   }
