@@ -18,6 +18,7 @@ from agentgym_mega.cli import (
     plan,
     preflight,
     pretrain_tiny,
+    report,
     retriever,
     scaling,
     show,
@@ -27,8 +28,8 @@ from agentgym_mega.errors import EXIT_BAD_INPUT, BadInput
 
 # In the order `agentgym-mega --help` lists them; a new subcommand is a module with add(sub) and
 # one entry here.
-COMMANDS = (config, train, evaluate, show, plan, scaling, make_tiny_model, pretrain_tiny, doctor, env_server, retriever,
-            bench, config_reference, preflight)
+COMMANDS = (config, train, evaluate, report, show, plan, scaling, make_tiny_model, pretrain_tiny, doctor, env_server,
+            retriever, bench, config_reference, preflight)
 
 
 def build_parser() -> argparse.ArgumentParser:
