@@ -284,9 +284,11 @@ def _evaluator(stack: Stack, cfg: Config, record: RunRecord) -> Evaluator | None
 
 
 def _evaluated(evaluate: Evaluator, step: int) -> dict:
-    metrics, table = evaluate(step)
+    timer = Timer()
+    with timer("eval"):
+        metrics, table = evaluate(step)
     tqdm.write(f"eval at step {step}:\n{table}")
-    return metrics
+    return metrics | timer.metrics()
 
 
 def _ref_kl(batch, cfg: Config) -> dict:

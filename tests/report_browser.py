@@ -81,7 +81,7 @@ def _check_over_time(page) -> None:
         return
     assert page.locator("#t-grid th").all_inner_texts() == [f"step {s}" for s in steps]
     page.locator("#t-grid details.episode summary").first.click()
-    assert page.locator("#t-grid .turn").first.is_visible()
+    page.locator("#t-grid .turn").first.wait_for(state="visible", timeout=10_000)  # built when opened
 
 
 def _check_action_visible(page, action_text: str) -> None:

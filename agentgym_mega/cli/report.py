@@ -28,5 +28,5 @@ def add(sub) -> None:
 def run(args) -> int:
     from agentgym_mega.report import build
 
-    print(build(args.run_dir, args.out))
+    print(f"report: {build(args.run_dir, args.out)} (open it in a browser: one file, no network needed)")
     return 0

@@ -122,22 +122,31 @@ def summary(run: Run) -> list[tuple[str, str]]:
     return [(label, "?" if value is None else str(value)) for label, value in rows]
 
 
+# Busy times measured inside another phase (the engines generating, the env servers stepping,
+# during the rollout): shown under it, not added to the run's total.
+WITHIN = {"generate": "rollout", "env": "rollout"}
+
+
 def phase_times(run: Run) -> list[dict]:
-    """Seconds per phase (the time/<phase>_s metrics) over all steps: phase, total, mean per step
-    and share, largest first."""
+    """Seconds per phase (the time/<phase>_s metrics) over all steps: phase, total, mean per step,
+    share of the timed total and the phase it is part of (WITHIN), largest first, each phase's
+    parts right after it."""
     totals: dict[str, list[float]] = {}
     for metrics in run.metrics.values():
         for key, value in metrics.items():
             if key.startswith("time/") and key.endswith("_s") and isinstance(value, (int, float)):
                 totals.setdefault(key[5:-2], []).append(float(value))
-    grand = sum(sum(v) for v in totals.values()) or 1.0
-    rows = [{"phase": p, "total": sum(v), "mean": sum(v) / len(v), "share": sum(v) / grand}
+    grand = sum(sum(v) for p, v in totals.items() if p not in WITHIN) or 1.0
+    rows = [{"phase": p, "total": sum(v), "mean": sum(v) / len(v), "share": sum(v) / grand, "within": WITHIN.get(p)}
             for p, v in totals.items()]
-    return sorted(rows, key=lambda r: -r["total"])
+    top = sorted((r for r in rows if not r["within"]), key=lambda r: -r["total"])
+    return [x for r in top for x in [r, *sorted((c for c in rows if c["within"] == r["phase"]),
+                                                key=lambda c: -c["total"])]] + [
+        r for r in rows if r["within"] and r["within"] not in totals]
 
 
 def wall_time(run: Run) -> float:
-    return sum(r["total"] for r in phase_times(run))
+    return sum(r["total"] for r in phase_times(run) if not r["within"])
 
 
 def eval_tables(run: Run) -> list[dict]:

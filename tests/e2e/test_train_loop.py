@@ -6,6 +6,7 @@ continues, and the report page in headless Chromium."""
 
 import json
 import os
+import re
 
 import pytest
 
@@ -106,6 +107,18 @@ def test_two_steps_then_resume(tmp_path, monkeypatch):
     assert [r["trainer/step"] for r in _scalars(first_rows)] == [0, 1, 2]
     assert [r["trainer/step"] for r in _scalars(rows)] == [3]
     assert _scalars(first_rows)[2]["reward/mean"] == steps[2]["reward/mean"]
+    # The run's report page in headless Chromium (an action it took visible, the filters working,
+    # no request beyond file://), and the same episodes in the terminal.
+    from tests.report_browser import check_report
+
+    result = run_cli("report", str(run_dir))
+    assert result.returncode == 0 and f"report: {run_dir / 'report.html'}" in result.stdout, result.stderr[-3000:]
+    # a word of an action the policy took (a random policy's replies are mostly not words)
+    action = next(word for e in read_episodes(run_dir, 3) for t in e["turns"]
+                  for word in re.findall(r"[A-Za-z]{5,}", t["action"] or ""))
+    check_report(str(run_dir / "report.html"), str(tmp_path / "report.png"), action)
+    shown = run_cli("show", str(run_dir), "--step", "last", "--split", "eval")
+    assert shown.returncode == 0 and shown.stdout.count("depth-1") >= 2, shown.stderr[-3000:]
 
     # The trained checkpoint evaluates through the same servers and an engine: Avg@n / Pass@n.
     report_path = tmp_path / "eval.json"
@@ -121,9 +134,7 @@ def test_two_steps_then_resume(tmp_path, monkeypatch):
 
 def _scalars(history_rows):
     """The W&B rows holding the step metrics (tables are rows of their own)."""
-    rows = [{item["key"] if "key" in item else "/".join(item["nested_key"]): json.loads(item["value_json"])
-             for item in row} for row in history_rows]
-    return [r for r in rows if "reward/mean" in r or "eval/success" in r]
+    return [r for r in history_rows if "reward/mean" in r or "eval/success" in r]
 
 
 def _check_saved_episodes(run_dir):

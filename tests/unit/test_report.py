@@ -54,7 +54,8 @@ def _train_metrics(step, reward):
     return {"reward/mean": reward, "reward/success_rate": reward, "episode/turns_mean": 2.0,
             "episode/valid_action_rate": 0.5, "actor/ref_kl": 0.01 * step, "actor/entropy": 1.0 - 0.1 * step,
             "actor/clip_fraction": 0.02, "horizon/turn_cap": 2 if step < 2 else 4,
-            "time/rollout_s": 3.0, "time/logprob_s": 0.5, "time/train_s": 1.5, "time/sync_s": 0.2}
+            "time/rollout_s": 3.0, "time/logprob_s": 0.5, "time/train_s": 1.5, "time/sync_s": 0.2,
+            "time/generate_s": 2.5}
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def report(run_dir):
     result = run_cli("report", str(run_dir))
     assert result.returncode == 0, result.stderr
     path = str(run_dir / "report.html")
-    assert result.stdout.strip() == path
+    assert result.stdout.startswith(f"report: {path} ")
     with open(path, encoding="utf-8") as f:
         return path, f.read()
 
@@ -109,7 +110,8 @@ def test_report_holds_the_run(report, run_dir):
         assert text in html, text
     # time per phase: the resumed step counts once, 2 steps x 3.0 s of rollout of a 10.4 s total
     assert re.search(r"<td>rollout</td><td class=\"num\">6.0</td>", html)
-    assert "10.4 s (sum of the timed phases)" in html
+    assert "10.4 s (sum of the timed phases)" in html  # the engines' busy time is part of the rollout's
+    assert re.search(r"generate \(busy, within rollout\)</td><td class=\"num\">5.0</td>", html)
     blob = re.search(r'<script type="application/json" id="episodes-data">(.*?)</script>', html, re.S).group(1)
     assert len(json.loads(blob)) == sum(len(f.read_text().splitlines()) for f in (run_dir / "episodes").iterdir())
 
