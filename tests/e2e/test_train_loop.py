@@ -107,6 +107,9 @@ def test_two_steps_then_resume(tmp_path, monkeypatch):
     assert [r["trainer/step"] for r in _scalars(first_rows)] == [0, 1, 2]
     assert [r["trainer/step"] for r in _scalars(rows)] == [3]
     assert _scalars(first_rows)[2]["reward/mean"] == steps[2]["reward/mean"]
+    # only the driver logs: no trainer rank or engine started a W&B run of its own (wandb's default
+    # place for one is WANDB_DIR, set above)
+    assert not list((tmp_path / "wandb_home").rglob("*.wandb"))
     # The run's report page in headless Chromium (an action it took visible, the filters working,
     # no request beyond file://), and the same episodes in the terminal.
     from tests.report_browser import check_report
