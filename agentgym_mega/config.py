@@ -98,7 +98,7 @@ class RolloutConfig:
     num_engines: StrictInt = 1
     """Engine instances."""
     n_per_task: StrictInt = 4
-    """Samples per task (the GRPO/RLOO group); at least 2 for grpo and rloo."""
+    """Samples per task (the GRPO/RLOO/GiGPO group); at least 2 for grpo, rloo and gigpo."""
     temperature: float = 1.0
     """Sampling temperature, > 0: greedy decoding has no sampling distribution for PPO's ratio."""
     top_p: float = 1.0
@@ -199,10 +199,14 @@ class EnvConfig:
 class AlgorithmConfig:
     """Advantage estimator and loss terms."""
 
-    estimator: Literal["gae", "grpo", "reinforce_pp", "rloo"] = "grpo"
-    """The advantage estimator; gae is PPO with a critic."""
+    estimator: Literal["gae", "gigpo", "grpo", "reinforce_pp", "rloo"] = "grpo"
+    """The advantage estimator; gae is PPO with a critic; gigpo is grpo plus step-level credit."""
     gamma: float = 1.0
-    """Discount, in [0, 1]."""
+    """Discount, in [0, 1]: per token for gae and reinforce_pp, per turn for gigpo's step returns."""
+    gigpo_step_weight: float = 1.0
+    """gigpo's w (>= 0): a turn's advantage is its episode's grpo one plus w times its step one; 0 is grpo."""
+    gigpo_state_key: Literal["exact", "whitespace", "digits"] = "exact"
+    """How gigpo keys anchor states (observation text): as is, whitespace collapsed, or also numbers as #."""
     lam: float = 1.0
     """GAE's lambda, in [0, 1]."""
     clip: float = 0.2
@@ -235,7 +239,7 @@ class AlgorithmConfig:
         _require(self.clip > 0, "algorithm.clip", self.clip, "a number > 0")
         _require(self.dual_clip is None or self.dual_clip > 1, "algorithm.dual_clip", self.dual_clip,
                  "null or a number > 1")
-        for key in ("kl_coef", "entropy_coef", "value_clip"):
+        for key in ("kl_coef", "entropy_coef", "value_clip", "gigpo_step_weight"):
             _require(getattr(self, key) >= 0, f"algorithm.{key}", getattr(self, key), "a number >= 0")
         _require(self.tis_cap is None or self.tis_cap >= 1, "algorithm.tis_cap", self.tis_cap,
                  "null or a number >= 1")
@@ -462,16 +466,17 @@ class Config:
     logging: LoggingConfig = _default(LoggingConfig)
 
     def __post_init__(self):
-        if self.algorithm.estimator in ("grpo", "rloo"):
+        if self.algorithm.estimator in ("gigpo", "grpo", "rloo"):
             _require(self.rollout.n_per_task >= 2, "rollout.n_per_task", self.rollout.n_per_task,
                      f">= 2 with algorithm.estimator={self.algorithm.estimator} (it compares samples of one task)")
         if self.rollout.dtype is None:  # the engines sample from the policy the trainer trains
             self.rollout.dtype = self.model.dtype
         algorithm = self.algorithm
         _require(
-            not (algorithm.kl_in == "reward" and algorithm.kl_coef > 0 and algorithm.estimator in ("grpo", "rloo")),
+            not (algorithm.kl_in == "reward" and algorithm.kl_coef > 0
+                 and algorithm.estimator in ("gigpo", "grpo", "rloo")),
             "algorithm.kl_in", algorithm.kl_in,
-            f"loss with algorithm.estimator={algorithm.estimator} (its advantage is one number per episode, "
+            f"loss with algorithm.estimator={algorithm.estimator} (its advantage is one number per episode or turn, "
             "so a per-token KL in the reward has nowhere to go), or algorithm.kl_coef=0 for no KL",
         )
         engine_gpus = self.rollout.num_engines * self.rollout.engine_tp

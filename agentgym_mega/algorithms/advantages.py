@@ -3,6 +3,9 @@ successor is the next assistant token, so environment text never enters the cred
 
 from __future__ import annotations
 
+import re
+from typing import Callable
+
 import torch
 
 from agentgym_mega.algorithms.losses import masked_whiten
@@ -78,3 +81,56 @@ def rloo_advantages(scores, group_ids, valid=None) -> torch.Tensor:
 def _has_baseline(count, valid) -> torch.Tensor:
     ok = count > 1
     return ok if valid is None else ok & valid.bool()
+
+
+# GiGPO's anchor-state keys, by the name algorithm.gigpo_state_key gives: how the observation a
+# turn acted on becomes the state it is grouped by. Envs whose text carries noise (reflowed
+# whitespace, step counters) need a looser key, or no two episodes ever share a state.
+STATE_KEYS: dict[str, Callable[[str], str]] = {
+    "exact": lambda text: text,
+    "whitespace": lambda text: " ".join(text.split()),
+    "digits": lambda text: re.sub(r"\d+", "#", " ".join(text.split())),
+}
+
+
+def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
+    """Each step's discounted return: its reward plus gamma times the next step's return."""
+    out, running = [], 0.0
+    for reward in reversed(rewards):
+        running = reward + gamma * running
+        out.append(running)
+    return out[::-1]
+
+
+def gigpo_advantages(scores, group_ids, valid, states: list[list], rewards: list[list[float]], gamma: float,
+                     step_weight: float, eps: float = 1e-6) -> torch.Tensor:
+    """GiGPO (arXiv 2505.10978): [B, max turns] advantages, 0 past an episode's turns. Turn t of
+    episode i gets the episode's GRPO advantage plus `step_weight` times its step advantage: its
+    discounted return (from `rewards[i]`, the per-turn rewards) relative to the returns of every
+    step of the same group that acted on the same anchor state `states[i][t]` (a hashable key),
+    normalised as GRPO does (mean off, over unbiased std + eps). A state revisited within an
+    episode is one step per visit; a state seen once in its group has no baseline: step
+    advantage 0. Invalid episodes get 0 and enter no statistics."""
+    valid = torch.ones_like(scores, dtype=torch.bool) if valid is None else valid.bool()
+    episode = grpo_advantages(scores, group_ids, valid, eps=eps)
+    rows, cols, anchors, returns = [], [], [], []
+    anchor_ids: dict[tuple, int] = {}
+    for i in torch.nonzero(valid).flatten().tolist():
+        for t, (state, ret) in enumerate(zip(states[i], discounted_returns(rewards[i], gamma), strict=True)):
+            rows.append(i)
+            cols.append(t)
+            returns.append(ret)
+            anchors.append(anchor_ids.setdefault((int(group_ids[i]), state), len(anchor_ids)))
+    step = grpo_advantages(torch.tensor(returns, dtype=scores.dtype), torch.tensor(anchors, dtype=torch.long), eps=eps)
+    out = torch.zeros(len(states), max((len(s) for s in states), default=0), dtype=scores.dtype)
+    out[rows, cols] = episode[rows] + step_weight * step
+    return out
+
+
+def turn_index(mask) -> tuple[torch.Tensor, list[list[int]]]:
+    """Each turn's sampled tokens are one contiguous run of the loss mask: per token, the index
+    of its run (-1 off the mask), and each row's run lengths."""
+    on = mask.bool()
+    starts = on & ~torch.nn.functional.pad(on[:, :-1], (1, 0), value=False)
+    index = torch.where(on, starts.long().cumsum(1) - 1, torch.full_like(mask, -1, dtype=torch.long))
+    return index, [torch.bincount(row[row >= 0]).tolist() for row in index]
