@@ -259,7 +259,7 @@ def _add_bench_learn(benches) -> None:
             "overlaps the next rollout with the update: speedup_vs_lockstep and overlap_speedup."
         ),
     )
-    b.add_argument("--estimator", required=True, choices=("gae", "grpo", "reinforce_pp", "rloo"))
+    b.add_argument("--estimator", required=True, choices=("gae", "gigpo", "grpo", "reinforce_pp", "rloo"))
     b.add_argument("--steps", type=COUNT, default=160, help="training steps (default 160, the demo's)")
     b.add_argument("--output-dir", help="the run's directory (default runs/bench-learn/ESTIMATOR); must not hold a run")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
