@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from contextlib import contextmanager
 
@@ -34,6 +35,8 @@ def episode_metrics(batch) -> dict:
     return {
         "reward/mean": sum(e.score for e in valid) / n_valid,
         "reward/success_rate": sum(e.success for e in valid) / n_valid,
+        # the paper's sign of instability: a long horizon's scores spread (population std, ddof 0)
+        "reward/std": statistics.pstdev([e.score for e in valid]) if valid else 0.0,
         # GRPO and RLOO learn only from tasks whose samples scored differently
         "reward/groups_with_spread": sum(max(g) > min(g) for g in groups.values()) / max(1, len(groups)),
         "episode/valid_action_rate": valid_action_rate(valid),
@@ -102,6 +105,17 @@ class MetricsLogger:
             self.tb.close()
 
 
+def read_metrics(output_dir: str) -> dict[int, dict]:
+    """A run's ``metrics.jsonl`` as one record per step: a step's lines merged, a later line's keys
+    winning (a resumed run appends again the steps after its checkpoint)."""
+    records: dict[int, dict] = {}
+    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            records[record["step"]] = records.get(record["step"], {}) | record
+    return records
+
+
 def plot_rewards(output_dir: str, title: str = "", window: int = 10) -> str:
     """Writes ``reward_curve.png`` from the run's ``metrics.jsonl``: training reward and success
     per step (raw and a ``window``-step moving average), held-out evaluations as points, and the
@@ -111,11 +125,7 @@ def plot_rewards(output_dir: str, title: str = "", window: int = 10) -> str:
     matplotlib.use("Agg")  # no display on training nodes
     import matplotlib.pyplot as plt
 
-    records: dict[int, dict] = {}
-    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
-        for line in f:
-            record = json.loads(line)
-            records[record["step"]] = records.get(record["step"], {}) | record  # a resumed run rewrites steps
+    records = read_metrics(output_dir)
     steps = sorted(s for s, r in records.items() if "reward/mean" in r)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for key, label, color in (("reward/mean", "reward", "tab:blue"), ("reward/success_rate", "success", "tab:green")):

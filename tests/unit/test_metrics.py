@@ -30,6 +30,21 @@ def test_episode_metrics_count_outcomes_and_groups_with_spread():
     assert m["episode/turns_mean"] == 15 / 4
 
 
+def test_reward_std_spreads_the_trained_episodes_scores_only():
+    class Batch:
+        pass
+
+    batch = Batch()
+    # the env error's 1.0, were it counted, would move the std; ddof 0: the step's own spread
+    batch.episodes = [Episode(0, "a", 0, score, True, 1, Status.DONE, 3) for score in (0.0, 0.5, 1.0)]
+    batch.episodes.append(Episode(1, "a", 1, 1.0, True, 1, Status.ENV_ERROR, 0, "boom"))
+    assert abs(episode_metrics(batch)["reward/std"] - (1 / 6) ** 0.5) < 1e-12
+    batch.episodes = batch.episodes[:1]
+    assert episode_metrics(batch)["reward/std"] == 0.0  # one episode: no spread
+    batch.episodes = []
+    assert episode_metrics(batch)["reward/std"] == 0.0  # nothing trained on
+
+
 def test_reward_curve_is_written_from_metrics_with_evals_and_a_resumed_step(tmp_path):
     lines = [{"step": 0, "eval/success": 0.3}]
     lines += [{"step": s, "reward/mean": s / 10, "reward/success_rate": s / 10, "horizon/turn_cap": 2 if s < 4 else 4}
