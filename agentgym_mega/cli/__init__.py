@@ -22,14 +22,15 @@ from agentgym_mega.cli import (
     retriever,
     scaling,
     show,
+    study,
     train,
 )
 from agentgym_mega.errors import EXIT_BAD_INPUT, BadInput
 
 # In the order `agentgym-mega --help` lists them; a new subcommand is a module with add(sub) and
 # one entry here.
-COMMANDS = (config, train, evaluate, report, show, plan, scaling, make_tiny_model, pretrain_tiny, doctor, env_server,
-            retriever, bench, config_reference, preflight)
+COMMANDS = (config, train, evaluate, report, show, plan, scaling, study, make_tiny_model, pretrain_tiny, doctor,
+            env_server, retriever, bench, config_reference, preflight)
 
 
 def build_parser() -> argparse.ArgumentParser:

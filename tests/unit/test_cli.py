@@ -7,7 +7,7 @@ from agentgym_mega.cli import build_parser
 from tests.conftest import run_cli
 
 SUBCOMMANDS = ["config", "make-tiny-model", "pretrain-tiny", "doctor", "env-server", "retriever", "bench", "train",
-               "eval", "plan", "scaling", "config-reference", "preflight", "show", "report"]
+               "eval", "plan", "scaling", "config-reference", "preflight", "show", "report", "study"]
 
 
 def test_top_level_help_lists_every_subcommand():
