@@ -237,7 +237,7 @@ def eval_tasks(cfg: Config) -> int | None:
     machine cannot read the environment's catalogue (its data not installed)."""
     try:
         catalogue = envs.load_kind(cfg.env.name, cfg.env.options).tasks()
-    except (OSError, ValueError):
+    except (ImportError, OSError, ValueError):
         return None
     return len(select_tasks(catalogue, cfg.eval.split, None, cfg.env.categories)[: cfg.eval.limit])
 
