@@ -38,7 +38,7 @@ GIGPO_OVERRIDES = ("algorithm.estimator=gigpo", "algorithm.gamma=0.95")
 SETTINGS = "study.json"
 # Every run's own: the study prints a progress line per step instead of the run's console bar.
 RUN_OVERRIDES = ("logging.progress_bar=false",)
-# --quick: a few steps of small batches, two per stage, evaluated twice on a few tasks.
+# --quick: small batches, two steps per stage, evaluated (after step 0) at steps 3 and 6 on a few tasks.
 QUICK_INTERVAL = 2
 QUICK_OVERRIDES = ("trainer.batch_size=4", "trainer.mini_batch_size=2", "rollout.n_per_task=4",
                    "trainer.save_freq=3", "eval.freq=3", "eval.limit=8", "eval.n=1")
@@ -85,7 +85,6 @@ class Study:
     seeds: int
     runs: list[Run]
     settings: dict  # what OUT/study.json records
-    quick: bool
 
 
 def arms(names: list[str], caps: list[int], interval: int) -> list[Arm]:
@@ -145,7 +144,8 @@ def prepare(config: str, overrides: list[str], names: list[str], seeds: int, cap
         _load(config, run.overrides, f"arm {run.arm.name} seed {run.k}")
     settings = {"config": config, "overrides": list(overrides), "quick": quick, "arms": names, "seeds": seeds,
                 "caps": caps, "interval": interval, "base": to_dict(cfg)}
-    return Study(config, out_dir, cfg, arm_list, seeds, runs, json.loads(json.dumps(settings)), quick)
+    settings = json.loads(json.dumps(settings))  # as study.json will read back (tuples as lists)
+    return Study(config, out_dir, cfg, arm_list, seeds, runs, settings)
 
 
 def _flat(data: dict, prefix: str = "") -> dict:
