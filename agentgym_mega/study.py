@@ -38,7 +38,7 @@ GIGPO_OVERRIDES = ("algorithm.estimator=gigpo", "algorithm.gamma=0.95")
 SETTINGS = "study.json"
 # Every run's own: the study prints a progress line per step instead of the run's console bar.
 RUN_OVERRIDES = ("logging.progress_bar=false",)
-# --quick: small batches, two steps per stage, evaluated (after step 0) at steps 3 and 6 on a few tasks.
+# --quick: small batches, two steps per stage (every stage runs), evaluations every 3 steps on a few tasks.
 QUICK_INTERVAL = 2
 QUICK_OVERRIDES = ("trainer.batch_size=4", "trainer.mini_batch_size=2", "rollout.n_per_task=4",
                    "trainer.save_freq=3", "eval.freq=3", "eval.limit=8", "eval.n=1")
@@ -131,11 +131,12 @@ def prepare(config: str, overrides: list[str], names: list[str], seeds: int, cap
             interval: int | None, quick: bool, out_dir: str) -> Study:
     """The study's runs from its arguments, every run's config checked before anything runs."""
     config = os.path.abspath(config)
-    caps = caps or _load(config, overrides, "the base config").horizon.caps
-    small = [*QUICK_OVERRIDES, f"trainer.total_steps={QUICK_INTERVAL * len(caps)}"] if quick else []
+    given = _load(config, overrides, "the base config").horizon
+    caps = caps or given.caps
+    interval = interval or (QUICK_INTERVAL if quick else given.interval)
+    small = [*QUICK_OVERRIDES, f"trainer.total_steps={interval * len(caps)}"] if quick else []
     shared = small + list(overrides)  # the user's last: they win over --quick's
     cfg = _load(config, shared, "the base config")
-    interval = interval or (QUICK_INTERVAL if quick else cfg.horizon.interval)
     if not cfg.eval.freq:
         raise BadInput("eval.freq=0: the study compares held-out success at the runs' evaluations; give eval.freq")
     arm_list = arms(names, caps, interval)

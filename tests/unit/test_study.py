@@ -61,6 +61,8 @@ def test_quick_study_of_the_shipped_config_is_small_and_the_users_overrides_win(
                                              "horizon.interval=2"]),
                           ("short", ["horizon.schedule=fixed", "horizon.caps=[4]"]),
                           ("long", ["horizon.schedule=fixed", "horizon.caps=[12]"])]]
+    # every stage runs: a quick study's steps follow its caps and interval
+    assert study.prepare(CONFIG, [], ["short"], 1, [2, 4], 3, True, str(tmp_path)).cfg.trainer.total_steps == 6
     full = study.prepare(CONFIG, ["trainer.total_steps=90"], ["short"], 3, [2, 5], 30, False, str(tmp_path))
     assert full.cfg.trainer.total_steps == 90 and [r.seed for r in full.runs] == [1, 2, 3]
     assert full.runs[0].overrides[:3] == ("trainer.total_steps=90", "horizon.schedule=fixed", "horizon.caps=[2]")
