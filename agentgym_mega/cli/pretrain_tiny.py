@@ -22,8 +22,10 @@ def add(sub) -> None:
             "train-split tasks (of --categories), trains a byte-level BPE tokenizer on them (merging\n"
             "across words, so action phrases become single tokens) and fits a tiny Llama by\n"
             "next-token loss on the assistant replies only. The replies are the environment's own\n"
-            "format: BabyAI `Action: <a listed action>`; Deep Search `<think>...</think>` then\n"
-            "`<search>2-5 words of the question</search>` or, once passages are shown, half the\n"
+            "format: BabyAI `Action: <a listed action>`; TextCraft `Action: get <count> <item>` (an\n"
+            "ingredient no shown recipe makes), `Action: craft ...` (a shown recipe, a group such as\n"
+            "planks named as a kind shown) or `Action: inventory`; Deep Search `<think>...</think>`\n"
+            "then `<search>2-5 words of the question</search>` or, once passages are shown, half the\n"
             "time `<answer>a shown passage's title</answer>`. The result is an HF directory for\n"
             "`train` (model.path): a policy that answers in the action format about as well as\n"
             "random valid play, for RL to improve on. Writes pretrain.json beside it."
@@ -32,8 +34,8 @@ def add(sub) -> None:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--env", default="babyai", choices=PLAYABLE, help="environment (one random play knows)")
     p.add_argument("--categories", type=lambda s: [c for c in s.split(",") if c],
-                   help="comma-separated task categories (BabyAI level names; Deep Search data sources, "
-                        "e.g. single,twohop); default all")
+                   help="comma-separated task categories (BabyAI level names; TextCraft depths, e.g. "
+                        "depth-1,depth-2; Deep Search data sources, e.g. single,twohop); default all")
     p.add_argument("--episodes", type=COUNT, default=2000)
     p.add_argument("--epochs", type=COUNT, default=2)
     p.add_argument("--max-turns", type=COUNT, default=6, help="turns per episode")

@@ -1,10 +1,12 @@
 """Every subcommand explains itself; bad arguments exit 2 with argparse's message."""
 
+import os
+
 import pytest
 
 from agentgym_mega import errors
 from agentgym_mega.cli import build_parser
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 SUBCOMMANDS = ["config", "make-tiny-model", "pretrain-tiny", "doctor", "env-server", "retriever", "bench", "train",
                "eval", "plan", "scaling", "config-reference", "preflight", "show", "report", "study"]
@@ -40,7 +42,7 @@ def test_parser_registers_exactly_the_documented_subcommands():
     (["env-server", "--env", "deepsearch", "--option", "topk"], "'topk' is not KEY=VALUE"),
     (["retriever", "serve", "--index", "x", "--max-topk", "0"], "not an integer >= 1"),
     (["retriever", "index"], "invalid choice"),
-    (["pretrain-tiny", "--env", "textcraft", "--out", "x"], "invalid choice"),
+    (["pretrain-tiny", "--env", "sciworld", "--out", "x"], "invalid choice"),
     (["bench", "env", "--env", "textcraft", "--concurrency", "1,x"], "comma list of integers >= 1"),
     (["bench", "env", "--env", "textcraft", "--concurrency", "0"], "comma list of integers >= 1"),
     (["bench", "nothing"], "invalid choice"),
@@ -51,7 +53,7 @@ def test_parser_registers_exactly_the_documented_subcommands():
     (["bench", "train", "--rounds", "0"], "not an integer >= 1"),
     (["bench", "train", "--hidden", "512", "--heads", "32"], "multiple of 32"),
     (["bench", "train", "--kv-heads", "1"], "num_key_value_heads=1 is not divisible by tp=2"),
-    (["pretrain-tiny", "--out", "x", "--env", "textcraft"], "invalid choice"),
+    (["pretrain-tiny", "--out", "x", "--categories", "depth-1,depth-9", "--env", "textcraft"], "unknown ['depth-9']"),
     (["pretrain-tiny", "--out", "x", "--episodes", "0"], "not an integer >= 1"),
     (["pretrain-tiny", "--out", "x", "--categories", "GoToRedBall,NoSuchLevel"], "unknown ['NoSuchLevel']"),
     (["pretrain-tiny", "--out", "x", "--hidden", "96"], "multiple of 32"),
@@ -112,6 +114,51 @@ def test_bench_learn_keeps_the_demo_schedule_in_proportion(tmp_path):
     assert cfg.horizon.interval == demo.horizon.interval // 2 and cfg.eval.freq == demo.eval.freq // 2
     assert cfg.eval.at_start and cfg.trainer.output_dir == str(tmp_path)
     assert cfg.horizon.caps == demo.horizon.caps and cfg.env.categories == demo.env.categories
+
+
+def test_bench_learn_defaults_to_the_demo_config_and_its_own_estimator_and_length():
+    from agentgym_mega.bench.learn import DEMO_CONFIG
+    from agentgym_mega.cli.bench import learn_plan
+
+    plan = learn_plan(build_parser().parse_args(["bench", "learn"]))
+    assert plan == {"config": DEMO_CONFIG, "estimator": "grpo", "steps": 160, "settings": [],
+                    "output_dir": os.path.join("runs", "bench-learn", "demo_cpu", "grpo")}
+    assert DEMO_CONFIG.endswith(os.path.join("configs", "demo_cpu.yaml")) and os.path.isfile(DEMO_CONFIG)
+    arms = learn_plan(build_parser().parse_args(["bench", "learn", "--off-policy-arms", "--estimator", "rloo"]))
+    assert (arms["estimator"], arms["output_dir"]) == ("rloo", os.path.join("runs", "bench-learn", "demo_cpu",
+                                                                            "off-policy-arms"))
+
+
+def test_bench_learn_takes_the_estimator_of_the_given_config_unless_told(tmp_path):
+    from agentgym_mega.bench.learn import overrides
+    from agentgym_mega.cli.bench import learn_plan
+    from agentgym_mega.config import load_config
+
+    config = tmp_path / "gigpo_ds.yaml"
+    config.write_text(f"include: {os.path.join(REPO, 'configs', 'deepsearch_cpu.yaml')}\n"
+                      "algorithm:\n  estimator: gigpo\n")
+    own = learn_plan(build_parser().parse_args(["bench", "learn", "--config", str(config), "--set", "eval.n=1"]))
+    assert own == {"config": str(config), "estimator": "gigpo", "steps": 60, "settings": ["eval.n=1"],
+                   "output_dir": os.path.join("runs", "bench-learn", "gigpo_ds", "gigpo")}
+    told = learn_plan(build_parser().parse_args(["bench", "learn", "--config", str(config), "--estimator", "rloo",
+                                                 "--steps", "30", "--output-dir", str(tmp_path / "r")]))
+    assert (told["estimator"], told["steps"], told["output_dir"]) == ("rloo", 30, str(tmp_path / "r"))
+    # half of Deep Search's 60 steps: its horizon stage and evaluations at half its 30 steps
+    cfg = load_config(str(config), overrides(told["estimator"], told["steps"], told["output_dir"], str(config)))
+    assert (cfg.env.name, cfg.algorithm.estimator) == ("deepsearch", "rloo")
+    assert (cfg.trainer.total_steps, cfg.horizon.interval, cfg.eval.freq) == (30, 15, 15)
+    never = tmp_path / "never.yaml"  # a config that never evaluates: bench learn still compares start and end
+    never.write_text(f"include: {config}\neval:\n  freq: 0\n")
+    assert load_config(str(never), overrides("grpo", 20, "x", str(never))).eval.freq == 20
+
+
+def test_bench_learn_names_a_missing_config_and_says_its_defaults(tmp_path, capsys):
+    from agentgym_mega import cli
+
+    assert cli.main(["bench", "learn", "--config", str(tmp_path / "nowhere.yaml")]) == errors.EXIT_BAD_INPUT
+    assert "nowhere.yaml" in capsys.readouterr().err
+    helps = " ".join(run_cli("bench", "learn", "--help").stdout.split())  # as wrapped at any width
+    assert "default configs/demo_cpu.yaml" in helps and "default: the config's algorithm.estimator" in helps
 
 
 def test_bench_sync_config_is_valid_and_starts_no_reference():

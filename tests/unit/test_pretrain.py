@@ -47,7 +47,7 @@ def test_random_play_only_takes_listed_actions_and_is_seeded(play):
 
 def test_random_play_refuses_an_env_it_cannot_play():
     with pytest.raises(ValueError, match="random valid reply"):
-        random_play("textcraft", [0], 1, 1, 0)
+        random_play("sciworld", [0], 1, 1, 0)
 
 
 def test_deep_search_random_play_searches_question_words_and_answers_shown_titles():
