@@ -81,7 +81,10 @@ class Timer:
 class MetricsLogger:
     def __init__(self, output_dir: str, logging_cfg):
         os.makedirs(output_dir, exist_ok=True)
-        self.jsonl = open(os.path.join(output_dir, "metrics.jsonl"), "a") if logging_cfg.jsonl else None
+        # Opened at the first line: a metrics.jsonl that exists holds a step (what launchers and
+        # tests wait for), not just a run that started.
+        self._jsonl_path = os.path.join(output_dir, "metrics.jsonl") if logging_cfg.jsonl else None
+        self.jsonl = None
         self.tb = None
         if logging_cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -89,6 +92,8 @@ class MetricsLogger:
             self.tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
 
     def log(self, step: int, metrics: dict) -> None:
+        if self._jsonl_path and self.jsonl is None:
+            self.jsonl = open(self._jsonl_path, "a")
         if self.jsonl:
             self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
             self.jsonl.flush()

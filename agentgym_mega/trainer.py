@@ -271,7 +271,7 @@ def _summarize(evaluate: Evaluator | None, cfg: Config) -> None:
     """The end of a run: the evaluations side by side and the reward curve."""
     if evaluate and len(evaluate.history) > 1:
         tqdm.write(evaluate.summary())
-    if cfg.logging.jsonl:
+    if cfg.logging.jsonl and os.path.isfile(os.path.join(cfg.trainer.output_dir, "metrics.jsonl")):  # a step logged
         title = f"{cfg.logging.experiment}: {cfg.env.name} {', '.join(cfg.env.categories or [])}"
         tqdm.write(f"reward curve: {plot_rewards(cfg.trainer.output_dir, title)}")
 

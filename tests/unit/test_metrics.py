@@ -1,10 +1,11 @@
 """Step metrics from a rollout batch, and the reward-curve plot a run ends with."""
 
 import json
+from types import SimpleNamespace
 
 import torch
 
-from agentgym_mega.metrics import episode_metrics, plot_rewards
+from agentgym_mega.metrics import MetricsLogger, episode_metrics, plot_rewards
 from agentgym_mega.rollout.batch import Episode
 from agentgym_mega.rollout.status import Status
 
@@ -55,3 +56,13 @@ def test_reward_curve_is_written_from_metrics_with_evals_and_a_resumed_step(tmp_
     assert path == str(tmp_path / "reward_curve.png")
     data = (tmp_path / "reward_curve.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_metrics_jsonl_appears_with_its_first_line(tmp_path):
+    """Launchers and tests take an existing metrics.jsonl as the sign that a step was logged: the
+    logger made at a run's start must not create it empty."""
+    logger = MetricsLogger(str(tmp_path), SimpleNamespace(jsonl=True, tensorboard=False))
+    assert not (tmp_path / "metrics.jsonl").exists()
+    logger.log(1, {"reward/mean": 0.5})
+    logger.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "reward/mean": 0.5}\n'
