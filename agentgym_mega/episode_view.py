@@ -15,11 +15,9 @@ from rich.text import Text
 
 from agentgym_mega.episodes import SPLITS
 from agentgym_mega.errors import BadInput
-from agentgym_mega.rollout.status import Status
 
 logger = logging.getLogger(__name__)
 
-STATUSES = tuple(str(s) for s in Status)
 # Beyond this many characters an observation is folded: a WebArena page or a SciWorld room
 # description runs to thousands and would bury the replies.
 OBSERVATION_CHARS = 600

@@ -16,9 +16,7 @@ def step_arg(text: str) -> int | str:
 def add(sub) -> None:
     # not episode_view: it imports rich, which `agentgym-mega --help` need not load
     from agentgym_mega.episodes import SPLITS
-    from agentgym_mega.rollout.status import Status
-
-    statuses = tuple(str(s) for s in Status)
+    from agentgym_mega.rollout.status import STATUSES
 
     p = command(
         sub, "show", func=run,
@@ -37,7 +35,7 @@ def add(sub) -> None:
     p.add_argument("--split", choices=SPLITS, help="only training or only evaluation episodes")
     p.add_argument("--task", help="only this task id")
     p.add_argument("--category", help="only this category (TextCraft depth, BabyAI level, ...)")
-    p.add_argument("--status", choices=statuses, help="only episodes that ended so")
+    p.add_argument("--status", choices=STATUSES, help="only episodes that ended so")
     outcome = p.add_mutually_exclusive_group()
     outcome.add_argument("--success", dest="success", action="store_true", default=None,
                          help="only successful episodes")

@@ -17,5 +17,7 @@ class Status(enum.StrEnum):
     TIMEOUT = "timeout"  # the episode's wall-clock limit or an env step's timeout ended it
 
 
+# Every status as its saved string (a CLI's choices, a filter of saved episodes).
+STATUSES = tuple(str(s) for s in Status)
 # Statuses of episodes that say nothing about the policy: counted, never trained on.
 UNTRAINED = (Status.ENV_ERROR, Status.TIMEOUT)
